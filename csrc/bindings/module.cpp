@@ -1,0 +1,194 @@
+// The only translation unit that knows about Python: argument conversion, GIL handling and
+// exception translation over the kvtier C++ core.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <kvtier/kvtier.hpp>
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace {
+
+kvtier::ODirectMode o_direct_from_python(const py::object& value) {
+  if (py::isinstance<py::bool_>(value))
+    return value.cast<bool>() ? kvtier::ODirectMode::kOn : kvtier::ODirectMode::kOff;
+  if (py::isinstance<py::str>(value)) return kvtier::parse_o_direct(value.cast<std::string>());
+  throw std::invalid_argument("o_direct must be 'auto', True or False, got " +
+                              py::repr(value).cast<std::string>());
+}
+
+// blocks: a sequence of (path, key, address, length) tuples; path is str or os.PathLike.
+std::vector<kvtier::BlockOp> blocks_from_python(const py::sequence& blocks) {
+  std::vector<kvtier::BlockOp> ops;
+  ops.reserve(blocks.size());
+  py::object fspath = py::module_::import("os").attr("fspath");
+  for (const py::handle item : blocks) {
+    auto t = py::reinterpret_borrow<py::sequence>(item);
+    if (t.size() != 4)
+      throw std::invalid_argument("each block must be (path, key, address, length)");
+    kvtier::BlockOp op;
+    op.path = fspath(t[0]).cast<std::string>();
+    op.key = t[1].cast<std::string>();  // bytes -> raw bytes
+    op.data = reinterpret_cast<void*>(t[2].cast<std::uintptr_t>());
+    const auto length = t[3].cast<long long>();
+    if (length < 0) throw std::invalid_argument("block length must not be negative");
+    op.length = static_cast<std::size_t>(length);
+    ops.push_back(std::move(op));
+  }
+  return ops;
+}
+
+void submit(kvtier::Engine& engine, kvtier::JobId job_id, kvtier::Direction direction,
+            const py::sequence& blocks) {
+  auto ops = blocks_from_python(blocks);
+  py::gil_scoped_release release;
+  engine.submit(job_id, direction, std::move(ops));
+}
+
+py::dict stats_to_dict(const kvtier::EngineStats& s) {
+  return py::dict("load_jobs"_a = s.load_jobs, "store_jobs"_a = s.store_jobs,
+                  "failed_load_jobs"_a = s.failed_load_jobs,
+                  "failed_store_jobs"_a = s.failed_store_jobs, "load_blocks"_a = s.load_blocks,
+                  "store_blocks"_a = s.store_blocks, "failed_load_blocks"_a = s.failed_load_blocks,
+                  "failed_store_blocks"_a = s.failed_store_blocks, "load_bytes"_a = s.load_bytes,
+                  "store_bytes"_a = s.store_bytes, "dedup_skips"_a = s.dedup_skips,
+                  "corrupt_files_removed"_a = s.corrupt_files_removed,
+                  "o_direct_fallbacks"_a = s.o_direct_fallbacks, "queued_loads"_a = s.queued_loads,
+                  "queued_stores"_a = s.queued_stores, "running_loads"_a = s.running_loads,
+                  "running_stores"_a = s.running_stores, "jobs_in_flight"_a = s.jobs_in_flight);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "kvtier native core: block files, worker pool, completion queue";
+
+  // errno failures become the matching OSError subclass (FileNotFoundError, ...) with
+  // .errno, .strerror and .filename set, exactly as Python's own I/O raises them.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const kvtier::SystemError& e) {
+      const int code = e.code().value();
+      py::object error = py::reinterpret_steal<py::object>(PyObject_CallFunction(
+          PyExc_OSError, "isO", code, e.what(), py::str(e.path()).ptr()));
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+    }
+  });
+
+  py::enum_<kvtier::Direction>(m, "Direction")
+      .value("LOAD", kvtier::Direction::kLoad)
+      .value("STORE", kvtier::Direction::kStore);
+
+  py::class_<kvtier::Completion>(m, "Completion", "A finished job, reported exactly once.")
+      .def_readonly("job_id", &kvtier::Completion::job_id)
+      .def_readonly("direction", &kvtier::Completion::direction)
+      .def_readonly("success", &kvtier::Completion::success)
+      .def_readonly("block_errnos", &kvtier::Completion::block_errnos,
+                    "Per block, in submission order: 0 on success, else an errno value.")
+      .def_property_readonly("errno", [](const kvtier::Completion& c) { return c.error.errno_value; })
+      .def_property_readonly("operation", [](const kvtier::Completion& c) { return c.error.operation; })
+      .def_property_readonly("path", [](const kvtier::Completion& c) { return c.error.path; })
+      .def_property_readonly("message", [](const kvtier::Completion& c) { return c.error.message; })
+      .def_property_readonly("error",
+                             [](const kvtier::Completion& c) -> py::object {
+                               if (c.success) return py::none();
+                               std::string text = c.error.operation + " " + c.error.path + ": " +
+                                                  std::strerror(c.error.errno_value) + " (errno " +
+                                                  std::to_string(c.error.errno_value) + ")";
+                               if (!c.error.message.empty()) text += ": " + c.error.message;
+                               return py::str(text);
+                             },
+                             "The first error as one line of text, or None.")
+      .def_readonly("bytes", &kvtier::Completion::bytes)
+      .def_readonly("seconds", &kvtier::Completion::seconds)
+      .def("__repr__", [](const kvtier::Completion& c) {
+        return "Completion(job_id=" + std::to_string(c.job_id) +
+               ", success=" + (c.success ? "True" : "False") + ", bytes=" + std::to_string(c.bytes) +
+               ")";
+      });
+
+  py::class_<kvtier::Engine>(m, "Engine", "Worker pool that stores and loads block files.")
+      .def(py::init([](const std::string& root_dir, unsigned n_read_threads,
+                       unsigned n_write_threads, const py::object& o_direct,
+                       const std::string& checksum, const std::string& durability,
+                       unsigned file_mode, const py::bytes& fingerprint,
+                       unsigned max_stores_in_flight_while_loading,
+                       std::size_t bounce_bytes_total, bool completion_eventfd) {
+             kvtier::EngineConfig c;
+             c.root_dir = root_dir;
+             c.n_read_threads = n_read_threads;
+             c.n_write_threads = n_write_threads;
+             c.o_direct = o_direct_from_python(o_direct);
+             c.checksum = kvtier::parse_checksum(checksum);
+             c.durability = kvtier::parse_durability(durability);
+             c.file_mode = static_cast<mode_t>(file_mode);
+             c.fingerprint = fingerprint;
+             c.max_stores_in_flight_while_loading = max_stores_in_flight_while_loading;
+             c.bounce_bytes_total = bounce_bytes_total;
+             c.completion_eventfd = completion_eventfd;
+             py::gil_scoped_release release;  // the O_DIRECT probe does I/O
+             return std::make_unique<kvtier::Engine>(std::move(c));
+           }),
+           "root_dir"_a = "", py::kw_only(), "n_read_threads"_a = 16, "n_write_threads"_a = 16,
+           "o_direct"_a = "auto", "checksum"_a = "crc32c", "durability"_a = "none",
+           "file_mode"_a = 0600, "fingerprint"_a = py::bytes(),
+           "max_stores_in_flight_while_loading"_a = 2, "bounce_bytes_total"_a = 64u << 20,
+           "completion_eventfd"_a = false)
+      .def("submit_store",
+           [](kvtier::Engine& e, kvtier::JobId id, const py::sequence& blocks) {
+             submit(e, id, kvtier::Direction::kStore, blocks);
+           },
+           "job_id"_a, "blocks"_a,
+           "Queue a store of (path, key, address, length) blocks; returns at once.")
+      .def("submit_load",
+           [](kvtier::Engine& e, kvtier::JobId id, const py::sequence& blocks) {
+             submit(e, id, kvtier::Direction::kLoad, blocks);
+           },
+           "job_id"_a, "blocks"_a,
+           "Queue a load of (path, key, address, length) blocks; returns at once.")
+      .def("pop_completions", &kvtier::Engine::pop_completions, "max"_a = 0,
+           py::call_guard<py::gil_scoped_release>(), "Finished jobs; never blocks.")
+      .def("drain", &kvtier::Engine::drain, py::call_guard<py::gil_scoped_release>())
+      .def("shutdown", &kvtier::Engine::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("stats", [](const kvtier::Engine& e) { return stats_to_dict(e.stats()); })
+      .def_property_readonly("is_shut_down", &kvtier::Engine::is_shut_down)
+      .def_property_readonly("direct_io", &kvtier::Engine::direct_io)
+      .def_property_readonly("o_direct_fallback_reason",
+                             &kvtier::Engine::o_direct_fallback_reason)
+      .def_property_readonly("eventfd", &kvtier::Engine::completion_eventfd);
+
+  m.def(
+      "crc32c",
+      [](const py::buffer& data, std::uint32_t crc) {
+        py::buffer_info info = data.request();
+        const auto length = static_cast<std::size_t>(info.size * info.itemsize);
+        py::gil_scoped_release release;
+        return kvtier::crc32c(info.ptr, length, crc);
+      },
+      "data"_a, "crc"_a = 0, "CRC32C of a contiguous buffer (continuing from crc).");
+  m.def("crc32c_is_hardware", &kvtier::crc32c_is_hardware);
+  m.def("probe_o_direct", &kvtier::probe_o_direct, "dir"_a,
+        py::call_guard<py::gil_scoped_release>(),
+        "Empty string when O_DIRECT works in dir, else the reason it does not.");
+  m.def(
+      "buffer_address",
+      [](const py::buffer& buffer, bool writable) {
+        py::buffer_info info = buffer.request(writable);
+        return reinterpret_cast<std::uintptr_t>(info.ptr);
+      },
+      "buffer"_a, "writable"_a = false,
+      "Address of a contiguous buffer's first byte (the buffer must outlive its use).");
+
+  m.attr("HEADER_SIZE") = kvtier::kHeaderSize;
+  m.attr("ALIGNMENT") = kvtier::kAlignment;
+  m.attr("FORMAT_VERSION") = kvtier::kFormatVersion;
+  m.attr("FINGERPRINT_SIZE") = kvtier::kFingerprintSize;
+  m.attr("MAX_KEY_SIZE") = kvtier::kMaxKeySize;
+}

@@ -1,0 +1,63 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <sys/types.h>
+
+namespace kvtier {
+
+/// Whether block files are opened with O_DIRECT.
+enum class ODirectMode {
+  kAuto,  ///< probe the root once; fall back to buffered I/O if unsupported
+  kOn,    ///< require O_DIRECT; the Engine constructor throws if unsupported
+  kOff,   ///< always buffered I/O
+};
+
+/// What protects a block's payload (the header always carries its own CRC32C).
+enum class Checksum { kCrc32c, kNone };
+
+/// How far a store goes to survive a power loss before it is reported done.
+enum class Durability {
+  kNone,  ///< rely on the page cache / O_DIRECT device write
+  kData,  ///< fdatasync the block file before renaming it into place
+  kFull,  ///< kData, and fsync the directory after the rename
+};
+
+/// Everything an Engine needs; every field has a usable default.
+struct EngineConfig {
+  /// Directory probed for O_DIRECT support; block paths usually live below it.
+  std::string root_dir;
+  /// Workers that take loads first (and stores when no load waits).
+  unsigned n_read_threads = 16;
+  /// Workers that take stores first (and loads when no store waits).
+  unsigned n_write_threads = 16;
+  ODirectMode o_direct = ODirectMode::kAuto;
+  Checksum checksum = Checksum::kCrc32c;
+  Durability durability = Durability::kNone;
+  /// Permission bits of new block files (block files reveal prompts: private by default).
+  mode_t file_mode = 0600;
+  /// Identifies the layout the bytes were written for; a load of a file written with a
+  /// different fingerprint fails. At most kFingerprintSize bytes.
+  std::string fingerprint;
+  /// While loads are queued or running, at most this many store operations run at once,
+  /// so a load waits only for the few writes already at the device.
+  unsigned max_stores_in_flight_while_loading = 2;
+  /// Upper bound on the page-aligned bounce buffers used for unaligned memory.
+  std::size_t bounce_bytes_total = std::size_t{64} << 20;
+  /// Create an eventfd that is signalled whenever a completion is published.
+  bool completion_eventfd = false;
+};
+
+/// Parses "auto" / "true" / "false" (and "on"/"off"/"1"/"0"); throws std::invalid_argument.
+ODirectMode parse_o_direct(const std::string& text);
+/// Parses "crc32c" / "none"; throws std::invalid_argument.
+Checksum parse_checksum(const std::string& text);
+/// Parses "none" / "data" / "full"; throws std::invalid_argument.
+Durability parse_durability(const std::string& text);
+
+const char* to_string(ODirectMode mode) noexcept;
+const char* to_string(Checksum checksum) noexcept;
+const char* to_string(Durability durability) noexcept;
+
+}  // namespace kvtier

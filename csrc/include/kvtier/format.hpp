@@ -1,0 +1,33 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+/// The on-disk block file format. docs/FORMAT.md specifies it byte by byte.
+namespace kvtier {
+
+/// Size of the header at the start of every block file; the payload starts here.
+inline constexpr std::size_t kHeaderSize = 4096;
+/// Alignment of payload padding, buffers and offsets (the O_DIRECT unit).
+inline constexpr std::size_t kAlignment = 4096;
+inline constexpr std::uint32_t kFormatVersion = 1;
+/// Bytes at offset 0 of every block file.
+inline constexpr char kMagic[8] = {'K', 'V', 'T', 'I', 'E', 'R', 'B', 'K'};
+/// The layout fingerprint field holds at most this many bytes.
+inline constexpr std::size_t kFingerprintSize = 32;
+/// Keys longer than this do not fit in the header.
+inline constexpr std::size_t kMaxKeySize = 1024;
+
+/// CRC32C (Castagnoli), using the CPU's crc32 instruction where present.
+/// `crc` is a previous result to continue from (0 to start).
+std::uint32_t crc32c(const void* data, std::size_t length, std::uint32_t crc = 0) noexcept;
+
+/// Whether crc32c() runs on the hardware instruction.
+bool crc32c_is_hardware() noexcept;
+
+/// Round `n` up to a multiple of kAlignment.
+constexpr std::size_t align_up(std::size_t n) noexcept {
+  return (n + kAlignment - 1) / kAlignment * kAlignment;
+}
+
+}  // namespace kvtier

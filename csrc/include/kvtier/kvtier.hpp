@@ -1,0 +1,8 @@
+#pragma once
+
+/// Umbrella header: everything a C++ program needs to store and load KV blocks.
+#include <kvtier/config.hpp>
+#include <kvtier/engine.hpp>
+#include <kvtier/error.hpp>
+#include <kvtier/format.hpp>
+#include <kvtier/job.hpp>

@@ -1,0 +1,87 @@
+#include <kvtier/format.hpp>
+
+#include <array>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <nmmintrin.h>
+#endif
+
+namespace kvtier {
+namespace {
+
+constexpr std::uint32_t kPolynomial = 0x82F63B78u;  // Castagnoli, reflected
+
+// Slicing-by-8 tables for the software path: 8 bytes per step instead of 1.
+struct Tables {
+  std::uint32_t t[8][256];
+  constexpr Tables() : t{} {
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kPolynomial : c >> 1;
+      t[0][i] = c;
+    }
+    for (int s = 1; s < 8; ++s)
+      for (std::uint32_t i = 0; i < 256; ++i) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+  }
+};
+constexpr Tables kTables{};
+
+std::uint32_t crc32c_software(const unsigned char* p, std::size_t n, std::uint32_t crc) noexcept {
+  while (n >= 8) {
+    std::uint64_t word;
+    std::memcpy(&word, p, 8);  // little-endian host assumed (x86-64, aarch64)
+    word ^= crc;
+    crc = kTables.t[7][word & 0xFF] ^ kTables.t[6][(word >> 8) & 0xFF] ^
+          kTables.t[5][(word >> 16) & 0xFF] ^ kTables.t[4][(word >> 24) & 0xFF] ^
+          kTables.t[3][(word >> 32) & 0xFF] ^ kTables.t[2][(word >> 40) & 0xFF] ^
+          kTables.t[1][(word >> 48) & 0xFF] ^ kTables.t[0][word >> 56];
+    p += 8;
+    n -= 8;
+  }
+  while (n--) crc = (crc >> 8) ^ kTables.t[0][(crc ^ *p++) & 0xFF];
+  return crc;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(const unsigned char* p, std::size_t n,
+                                                              std::uint32_t crc) noexcept {
+  // One 8-byte step per instruction: several GB/s, well above the storage rates this feeds.
+  std::uint64_t c = crc;
+  while (n >= 8) {
+    std::uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = _mm_crc32_u64(c, word);
+    p += 8;
+    n -= 8;
+  }
+  auto c32 = static_cast<std::uint32_t>(c);
+  while (n--) c32 = _mm_crc32_u8(c32, *p++);
+  return c32;
+}
+
+bool cpu_has_sse42() noexcept {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  return (ecx & bit_SSE4_2) != 0;
+}
+const bool kHardware = cpu_has_sse42();
+#else
+const bool kHardware = false;
+#endif
+
+}  // namespace
+
+std::uint32_t crc32c(const void* data, std::size_t length, std::uint32_t crc) noexcept {
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+#if defined(__x86_64__)
+  if (kHardware) return ~crc32c_sse42(p, length, crc);
+#endif
+  return ~crc32c_software(p, length, crc);
+}
+
+bool crc32c_is_hardware() noexcept { return kHardware; }
+
+}  // namespace kvtier

@@ -1,0 +1,423 @@
+#include <kvtier/engine.hpp>
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <unordered_set>
+
+#include <kvtier/error.hpp>
+#include <kvtier/format.hpp>
+
+#include "aligned_buffer.hpp"
+#include "block_io.hpp"
+#include "mpsc_queue.hpp"
+#include "posix_io.hpp"
+
+namespace kvtier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Bounce buffers move unaligned payloads in pieces of this size.
+constexpr std::size_t kBounceBufferSize = std::size_t{1} << 20;
+
+struct Job {
+  detail::MpscNode node;  // first member: a node pointer is the job pointer
+  JobId id = 0;
+  Direction direction = Direction::kLoad;
+  std::vector<BlockOp> blocks;
+  std::vector<int> block_errnos;
+  std::atomic<std::size_t> remaining{0};
+  std::atomic<bool> error_claimed{false};
+  JobError error;  // written once, by the thread that wins error_claimed
+  std::atomic<std::uint64_t> bytes{0};
+  Clock::time_point submitted;
+  double seconds = 0.0;
+};
+static_assert(offsetof(Job, node) == 0);
+
+struct Task {
+  Job* job;
+  std::size_t index;
+};
+
+struct Counters {
+  std::atomic<std::uint64_t> load_jobs{0}, store_jobs{0}, failed_load_jobs{0}, failed_store_jobs{0};
+  std::atomic<std::uint64_t> load_blocks{0}, store_blocks{0}, failed_load_blocks{0},
+      failed_store_blocks{0};
+  std::atomic<std::uint64_t> load_bytes{0}, store_bytes{0}, dedup_skips{0},
+      corrupt_files_removed{0}, o_direct_fallbacks{0};
+};
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  // Tmp names are split on '.', so a dotted host name is reduced to its first label.
+  std::string host(name);
+  auto dot = host.find('.');
+  return dot == std::string::npos ? host : host.substr(0, dot);
+}
+
+mode_t current_umask() {
+  // umask() can only be read by setting it; restore at once (done once, at construction).
+  mode_t mask = ::umask(0);
+  ::umask(mask);
+  return mask;
+}
+
+}  // namespace
+
+std::string probe_o_direct(const std::string& dir) {
+  static std::atomic<std::uint64_t> counter{0};
+  const std::string path = dir + "/.kvtier-odirect-probe." + std::to_string(::getpid()) + "." +
+                           std::to_string(counter.fetch_add(1));
+  detail::FileDescriptor fd(
+      ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600));
+  if (!fd) return std::string("open(O_DIRECT) failed: ") + std::strerror(errno);
+  detail::AlignedBuffer buffer(kAlignment);
+  std::memset(buffer.data(), 0x5A, kAlignment);
+  std::string reason;
+  std::size_t got = 0;
+  if (int e = detail::pwritev_full(fd.get(), {{buffer.data(), kAlignment}}, 0)) {
+    reason = std::string("O_DIRECT write failed: ") + std::strerror(e);
+  } else if (int e2 = detail::preadv_full(fd.get(), {{buffer.data(), kAlignment}}, 0, got)) {
+    reason = std::string("O_DIRECT read failed: ") + std::strerror(e2);
+  } else if (got != kAlignment) {
+    reason = "O_DIRECT read returned a short page";
+  }
+  fd.reset();
+  ::unlink(path.c_str());
+  return reason;
+}
+
+struct Engine::Impl {
+  EngineConfig config;
+  detail::IoContext io;
+  detail::BouncePool bounce;
+  std::atomic<std::uint64_t> tmp_counter{0};
+  bool direct = false;
+  std::string fallback_reason;
+  int event_fd = -1;
+
+  // Queues and scheduling state, guarded by mutex.
+  std::mutex mutex;
+  std::condition_variable work_available;
+  std::deque<Task> loads, stores;
+  std::size_t running_loads = 0, running_stores = 0;
+  std::unordered_set<JobId> ids_in_flight;  // submitted and not yet popped
+  bool stopping = false;
+
+  std::mutex shutdown_mutex;  // serialises shutdown() callers
+  std::vector<std::thread> workers;
+
+  detail::MpscQueue completions;
+  std::atomic<std::uint64_t> outstanding{0};  // submitted jobs not yet completed
+  Counters counters;
+
+  explicit Impl(EngineConfig cfg)
+      : config(std::move(cfg)), bounce(kBounceBufferSize, config.bounce_bytes_total) {}
+
+  // A store may start unless loads are waiting or running and the cap is reached; this keeps
+  // the device queue short so a load waits for at most the stores already issued.
+  bool store_allowed() const {
+    if (loads.empty() && running_loads == 0) return true;
+    return running_stores < config.max_stores_in_flight_while_loading;
+  }
+
+  bool pick(bool load_first, Task& task, bool& is_load) {
+    auto take = [&](std::deque<Task>& queue, bool load) {
+      task = queue.front();
+      queue.pop_front();
+      is_load = load;
+      return true;
+    };
+    if (load_first) {
+      if (!loads.empty()) return take(loads, true);
+      if (!stores.empty() && store_allowed()) return take(stores, false);
+    } else {
+      if (!stores.empty() && store_allowed()) return take(stores, false);
+      if (!loads.empty()) return take(loads, true);
+    }
+    return false;
+  }
+
+  void worker_loop(bool load_first) {
+    detail::WorkerBuffers buffers;
+    std::unique_lock lock(mutex);
+    for (;;) {
+      Task task{};
+      bool is_load = false;
+      while (!pick(load_first, task, is_load)) {
+        if (stopping) return;
+        work_available.wait(lock);
+      }
+      (is_load ? running_loads : running_stores)++;
+      lock.unlock();
+      const BlockOp& op = task.job->blocks[task.index];
+      detail::BlockResult result = is_load ? detail::load_block(io, buffers, op)
+                                           : detail::store_block(io, buffers, op);
+      lock.lock();
+      (is_load ? running_loads : running_stores)--;
+      // A finished load can lift the store cap; a finished store can let a capped store run.
+      if (is_load ? (loads.empty() && running_loads == 0) : !stores.empty())
+        work_available.notify_all();
+      lock.unlock();
+      finish_block(task, std::move(result));
+      lock.lock();
+    }
+  }
+
+  void finish_block(const Task& task, detail::BlockResult result) noexcept {
+    Job* job = task.job;
+    const bool load = job->direction == Direction::kLoad;
+    job->block_errnos[task.index] = result.error;
+    if (result.o_direct_fallback) counters.o_direct_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    if (result.corrupt_removed) counters.corrupt_files_removed.fetch_add(1, std::memory_order_relaxed);
+    if (result.ok()) {
+      job->bytes.fetch_add(result.bytes, std::memory_order_relaxed);
+      (load ? counters.load_blocks : counters.store_blocks).fetch_add(1, std::memory_order_relaxed);
+      (load ? counters.load_bytes : counters.store_bytes)
+          .fetch_add(result.bytes, std::memory_order_relaxed);
+      if (result.dedup) counters.dedup_skips.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      (load ? counters.failed_load_blocks : counters.failed_store_blocks)
+          .fetch_add(1, std::memory_order_relaxed);
+      if (!job->error_claimed.exchange(true, std::memory_order_relaxed)) {
+        job->error.errno_value = result.error;
+        job->error.operation = result.operation;
+        job->error.path = std::move(result.path);
+        job->error.message = std::move(result.message);
+      }
+    }
+    // acq_rel: the last finisher sees every other block's writes to the job before publishing.
+    if (job->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) complete(job);
+  }
+
+  void complete(Job* job) noexcept {
+    job->seconds = std::chrono::duration<double>(Clock::now() - job->submitted).count();
+    const bool load = job->direction == Direction::kLoad;
+    const bool failed = job->error_claimed.load(std::memory_order_relaxed);
+    (load ? counters.load_jobs : counters.store_jobs).fetch_add(1, std::memory_order_relaxed);
+    if (failed)
+      (load ? counters.failed_load_jobs : counters.failed_store_jobs)
+          .fetch_add(1, std::memory_order_relaxed);
+    completions.push(&job->node);
+    if (event_fd >= 0) {
+      const std::uint64_t one = 1;
+      // Non-blocking; EAGAIN only when the counter is saturated, which still reads as "ready".
+      [[maybe_unused]] ssize_t n = ::write(event_fd, &one, sizeof(one));
+    }
+    // Release: drain() returning implies the completion above is already poppable.
+    if (outstanding.fetch_sub(1, std::memory_order_release) == 1) outstanding.notify_all();
+  }
+};
+
+Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(std::move(config))) {
+  Impl& s = *impl_;
+  EngineConfig& c = s.config;
+  if (c.n_read_threads + c.n_write_threads == 0)
+    throw std::invalid_argument("n_read_threads + n_write_threads must be at least 1");
+  if (c.n_read_threads > 1024 || c.n_write_threads > 1024)
+    throw std::invalid_argument("n_read_threads and n_write_threads must be at most 1024");
+  if (c.fingerprint.size() > kFingerprintSize)
+    throw std::invalid_argument("fingerprint must be at most " + std::to_string(kFingerprintSize) +
+                                " bytes");
+  if (c.max_stores_in_flight_while_loading == 0)
+    throw std::invalid_argument("max_stores_in_flight_while_loading must be at least 1");
+  if ((c.file_mode & ~mode_t{07777}) != 0)
+    throw std::invalid_argument("file_mode must be permission bits (0 to 0o7777)");
+  if ((c.file_mode & 0600) != 0600)
+    throw std::invalid_argument("file_mode must let the owner read and write (include 0o600)");
+
+  if (c.o_direct != ODirectMode::kOff) {
+    if (c.root_dir.empty())
+      throw std::invalid_argument("root_dir is required unless o_direct is false");
+    if (int e = detail::make_directories(c.root_dir, 0700))
+      throw SystemError(e, "cannot create root directory", c.root_dir);
+    s.fallback_reason = probe_o_direct(c.root_dir);
+    if (!s.fallback_reason.empty() && c.o_direct == ODirectMode::kOn)
+      throw SystemError(EINVAL, "o_direct=true but " + s.fallback_reason, c.root_dir);
+    s.direct = s.fallback_reason.empty();
+  }
+  if (c.completion_eventfd) {
+    s.event_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s.event_fd < 0) throw SystemError(errno, "eventfd failed", "");
+  }
+
+  s.io.config = &s.config;
+  s.io.direct = s.direct;
+  s.io.need_fchmod = (c.file_mode & current_umask()) != 0;
+  // Directories get search permission wherever the files get read permission.
+  s.io.directory_mode = (c.file_mode | ((c.file_mode & 0444) >> 2)) & 0777;
+  s.io.tmp_infix = "." + host_name() + "." + std::to_string(::getpid()) + ".";
+  s.io.bounce = &s.bounce;
+  s.io.tmp_counter = &s.tmp_counter;
+
+  try {
+    for (unsigned i = 0; i < c.n_read_threads + c.n_write_threads; ++i) {
+      const bool load_first = i < c.n_read_threads;
+      s.workers.emplace_back([this, load_first] {
+        ::pthread_setname_np(::pthread_self(), load_first ? "kvtier-load" : "kvtier-store");
+        impl_->worker_loop(load_first);
+      });
+    }
+  } catch (...) {
+    shutdown();
+    if (s.event_fd >= 0) ::close(s.event_fd);
+    throw;
+  }
+}
+
+Engine::~Engine() {
+  shutdown();
+  while (detail::MpscNode* node = impl_->completions.try_pop()) delete reinterpret_cast<Job*>(node);
+  if (impl_->event_fd >= 0) ::close(impl_->event_fd);
+}
+
+void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> blocks) {
+  Impl& s = *impl_;
+  for (const BlockOp& op : blocks) {
+    if (op.path.empty()) throw std::invalid_argument("block path must not be empty");
+    if (op.data == nullptr && op.length > 0)
+      throw std::invalid_argument("block data must not be null: " + op.path);
+    if (op.key.size() > kMaxKeySize)
+      throw std::invalid_argument("block key longer than " + std::to_string(kMaxKeySize) +
+                                  " bytes: " + op.path);
+  }
+  auto job = std::make_unique<Job>();
+  job->id = job_id;
+  job->direction = direction;
+  job->blocks = std::move(blocks);
+  job->block_errnos.assign(job->blocks.size(), 0);
+  job->remaining.store(job->blocks.size(), std::memory_order_relaxed);
+  job->submitted = Clock::now();
+  const std::size_t n = job->blocks.size();
+  {
+    std::lock_guard lock(s.mutex);
+    if (s.stopping) throw std::runtime_error("kvtier engine is shut down; submit refused");
+    if (!s.ids_in_flight.insert(job_id).second)
+      throw std::invalid_argument("job id " + std::to_string(job_id) +
+                                  " is already in flight (ids are reusable once popped)");
+    s.outstanding.fetch_add(1, std::memory_order_relaxed);
+    if (n == 0) {
+      s.complete(job.release());
+      return;
+    }
+    auto& queue = direction == Direction::kLoad ? s.loads : s.stores;
+    Job* raw = job.release();
+    for (std::size_t i = 0; i < n; ++i) queue.push_back({raw, i});
+  }
+  s.work_available.notify_all();
+}
+
+std::vector<Completion> Engine::pop_completions(std::size_t max) {
+  Impl& s = *impl_;
+  std::vector<Completion> out;
+  std::vector<JobId> ids;
+  while (max == 0 || out.size() < max) {
+    detail::MpscNode* node = s.completions.try_pop();
+    if (node == nullptr) break;
+    std::unique_ptr<Job> job(reinterpret_cast<Job*>(node));
+    Completion c;
+    c.job_id = job->id;
+    c.direction = job->direction;
+    c.success = !job->error_claimed.load(std::memory_order_relaxed);
+    c.block_errnos = std::move(job->block_errnos);
+    c.error = std::move(job->error);
+    c.bytes = job->bytes.load(std::memory_order_relaxed);
+    c.seconds = job->seconds;
+    ids.push_back(c.job_id);
+    out.push_back(std::move(c));
+  }
+  if (!ids.empty()) {
+    std::lock_guard lock(s.mutex);
+    for (JobId id : ids) s.ids_in_flight.erase(id);
+  }
+  return out;
+}
+
+void Engine::drain() {
+  auto& outstanding = impl_->outstanding;
+  for (std::uint64_t n = outstanding.load(std::memory_order_acquire); n != 0;
+       n = outstanding.load(std::memory_order_acquire))
+    outstanding.wait(n, std::memory_order_acquire);
+}
+
+void Engine::shutdown() {
+  Impl& s = *impl_;
+  std::lock_guard serial(s.shutdown_mutex);
+  std::deque<Task> cancelled;
+  {
+    std::lock_guard lock(s.mutex);
+    s.stopping = true;
+    for (auto* queue : {&s.loads, &s.stores}) {
+      cancelled.insert(cancelled.end(), queue->begin(), queue->end());
+      queue->clear();
+    }
+  }
+  s.work_available.notify_all();
+  for (const Task& task : cancelled) {
+    detail::BlockResult r;
+    r.error = ECANCELED;
+    r.operation = "cancel";
+    r.path = task.job->blocks[task.index].path;
+    r.message = "engine shut down before the block operation started";
+    s.finish_block(task, std::move(r));
+  }
+  for (std::thread& t : s.workers)
+    if (t.joinable()) t.join();
+  s.workers.clear();
+}
+
+bool Engine::is_shut_down() const noexcept {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->stopping;
+}
+
+bool Engine::direct_io() const noexcept { return impl_->direct; }
+const std::string& Engine::o_direct_fallback_reason() const noexcept {
+  return impl_->fallback_reason;
+}
+int Engine::completion_eventfd() const noexcept { return impl_->event_fd; }
+const EngineConfig& Engine::config() const noexcept { return impl_->config; }
+
+EngineStats Engine::stats() const {
+  Impl& s = *impl_;
+  const Counters& c = s.counters;
+  auto get = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  EngineStats st;
+  st.load_jobs = get(c.load_jobs);
+  st.store_jobs = get(c.store_jobs);
+  st.failed_load_jobs = get(c.failed_load_jobs);
+  st.failed_store_jobs = get(c.failed_store_jobs);
+  st.load_blocks = get(c.load_blocks);
+  st.store_blocks = get(c.store_blocks);
+  st.failed_load_blocks = get(c.failed_load_blocks);
+  st.failed_store_blocks = get(c.failed_store_blocks);
+  st.load_bytes = get(c.load_bytes);
+  st.store_bytes = get(c.store_bytes);
+  st.dedup_skips = get(c.dedup_skips);
+  st.corrupt_files_removed = get(c.corrupt_files_removed);
+  st.o_direct_fallbacks = get(c.o_direct_fallbacks);
+  st.jobs_in_flight = get(s.outstanding);
+  std::lock_guard lock(s.mutex);
+  st.queued_loads = s.loads.size();
+  st.queued_stores = s.stores.size();
+  st.running_loads = s.running_loads;
+  st.running_stores = s.running_stores;
+  return st;
+}
+
+}  // namespace kvtier
