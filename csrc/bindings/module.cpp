@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -177,6 +179,16 @@ PYBIND11_MODULE(_core, m) {
   m.def("probe_o_direct", &kvtier::probe_o_direct, "dir"_a,
         py::call_guard<py::gil_scoped_release>(),
         "Empty string when O_DIRECT works in dir, else the reason it does not.");
+  m.def(
+      "paths_exist",
+      [](const std::vector<std::string>& paths) {
+        std::vector<bool> exist(paths.size());
+        py::gil_scoped_release release;  // one stat per path: may be slow on a shared FS
+        struct stat st;
+        for (std::size_t i = 0; i < paths.size(); ++i) exist[i] = ::stat(paths[i].c_str(), &st) == 0;
+        return exist;
+      },
+      "paths"_a, "Whether each path exists (stat), with the GIL released.");
   m.def(
       "buffer_address",
       [](const py::buffer& buffer, bool writable) {
