@@ -122,7 +122,8 @@ PYBIND11_MODULE(_core, m) {
                        const std::string& checksum, const std::string& durability,
                        unsigned file_mode, const py::bytes& fingerprint,
                        unsigned max_stores_in_flight_while_loading,
-                       std::size_t bounce_bytes_total, bool completion_eventfd) {
+                       std::size_t staging_bytes_total, std::size_t staging_buffer_bytes,
+                       bool completion_eventfd) {
              kvtier::EngineConfig c;
              c.root_dir = root_dir;
              c.n_read_threads = n_read_threads;
@@ -133,7 +134,8 @@ PYBIND11_MODULE(_core, m) {
              c.file_mode = static_cast<mode_t>(file_mode);
              c.fingerprint = fingerprint;
              c.max_stores_in_flight_while_loading = max_stores_in_flight_while_loading;
-             c.bounce_bytes_total = bounce_bytes_total;
+             c.staging_bytes_total = staging_bytes_total;
+             c.staging_buffer_bytes = staging_buffer_bytes;
              c.completion_eventfd = completion_eventfd;
              py::gil_scoped_release release;  // the O_DIRECT probe does I/O
              return std::make_unique<kvtier::Engine>(std::move(c));
@@ -141,7 +143,8 @@ PYBIND11_MODULE(_core, m) {
            "root_dir"_a = "", py::kw_only(), "n_read_threads"_a = 16, "n_write_threads"_a = 16,
            "o_direct"_a = "auto", "checksum"_a = "crc32c", "durability"_a = "none",
            "file_mode"_a = 0600, "fingerprint"_a = py::bytes(),
-           "max_stores_in_flight_while_loading"_a = 2, "bounce_bytes_total"_a = 64u << 20,
+           "max_stores_in_flight_while_loading"_a = 2, "staging_bytes_total"_a = std::size_t{64} << 20,
+           "staging_buffer_bytes"_a = std::size_t{2} << 20,
            "completion_eventfd"_a = false)
       .def("submit_store",
            [](kvtier::Engine& e, kvtier::JobId id, const py::sequence& blocks) {

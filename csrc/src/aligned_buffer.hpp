@@ -41,11 +41,11 @@ class AlignedBuffer {
   std::size_t size_ = 0;
 };
 
-/// A bounded pool of equally sized bounce buffers, allocated on first use.
+/// A bounded pool of equally sized staging buffers, allocated on first use.
 /// acquire() blocks while all buffers are lent out; the total never exceeds the cap.
-class BouncePool {
+class StagingPool {
  public:
-  BouncePool(std::size_t buffer_size, std::size_t total_bytes)
+  StagingPool(std::size_t buffer_size, std::size_t total_bytes)
       : buffer_size_(align_up(buffer_size)),
         max_buffers_(total_bytes / buffer_size_ > 0 ? total_bytes / buffer_size_ : 1) {}
 
@@ -54,7 +54,7 @@ class BouncePool {
   /// A buffer on loan; returns itself to the pool when destroyed.
   class Lease {
    public:
-    Lease(BouncePool* pool, AlignedBuffer buffer) : pool_(pool), buffer_(std::move(buffer)) {}
+    Lease(StagingPool* pool, AlignedBuffer buffer) : pool_(pool), buffer_(std::move(buffer)) {}
     ~Lease() {
       if (pool_ != nullptr) pool_->release(std::move(buffer_));
     }
@@ -68,7 +68,7 @@ class BouncePool {
     std::size_t size() const noexcept { return buffer_.size(); }
 
    private:
-    BouncePool* pool_;
+    StagingPool* pool_;
     AlignedBuffer buffer_;
   };
 

@@ -81,7 +81,7 @@ int write_payload_direct(const IoContext& ctx, WorkerBuffers& buffers, int fd, c
     return pwritev_full(fd, std::move(iov), 0);
   }
   if (int e = pwritev_full(fd, {{buffers.header.data(), kHeaderSize}}, 0)) return e;
-  auto lease = ctx.bounce->acquire();
+  auto lease = ctx.staging->acquire();
   for (std::size_t done = 0; done < op.length; done += lease.size()) {
     const std::size_t n = std::min(lease.size(), op.length - done);
     const std::size_t padded = align_up(n);
@@ -196,13 +196,13 @@ int read_file(const IoContext& ctx, WorkerBuffers& buffers, int fd, bool direct,
     if (want_crc) crc_out = crc32c(data, op.length);
     return 0;
   }
-  // O_DIRECT into unaligned memory: page-aligned bounce buffer, chunk by chunk.
+  // O_DIRECT into unaligned memory: page-aligned staging buffer, piece by piece.
   if (int e = preadv_full(fd, {{buffers.header.data(), kHeaderSize}}, 0, got)) return e;
   if (got < kHeaderSize) {
     short_read = true;
     return 0;
   }
-  auto lease = ctx.bounce->acquire();
+  auto lease = ctx.staging->acquire();
   std::uint32_t crc = 0;
   for (std::size_t done = 0; done < op.length; done += lease.size()) {
     const std::size_t n = std::min(lease.size(), op.length - done);

@@ -34,7 +34,7 @@ struct IoContext {
   bool need_fchmod = false;        ///< the umask would strip bits of config->file_mode
   mode_t directory_mode = 0700;    ///< for directories created on the way to a block
   std::string tmp_infix;           ///< ".<host>.<pid>." inserted before the unique number
-  BouncePool* bounce = nullptr;
+  StagingPool* staging = nullptr;
   std::atomic<std::uint64_t>* tmp_counter = nullptr;
 };
 

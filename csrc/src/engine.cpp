@@ -30,9 +30,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Bounce buffers move unaligned payloads in pieces of this size.
-constexpr std::size_t kBounceBufferSize = std::size_t{1} << 20;
-
 struct Job {
   detail::MpscNode node;  // first member: a node pointer is the job pointer
   JobId id = 0;
@@ -77,6 +74,29 @@ mode_t current_umask() {
   return mask;
 }
 
+// Rejects configurations the engine cannot honour, before anything is allocated.
+EngineConfig validated(EngineConfig config) {
+  const EngineConfig& c = config;
+  if (c.n_read_threads + c.n_write_threads == 0)
+    throw std::invalid_argument("n_read_threads + n_write_threads must be at least 1");
+  if (c.n_read_threads > 1024 || c.n_write_threads > 1024)
+    throw std::invalid_argument("n_read_threads and n_write_threads must be at most 1024");
+  if (c.fingerprint.size() > kFingerprintSize)
+    throw std::invalid_argument("fingerprint must be at most " + std::to_string(kFingerprintSize) +
+                                " bytes");
+  if (c.staging_buffer_bytes < kAlignment || c.staging_buffer_bytes % kAlignment != 0)
+    throw std::invalid_argument("staging_buffer_bytes must be a positive multiple of 4096");
+  if (c.staging_bytes_total < c.staging_buffer_bytes)
+    throw std::invalid_argument("staging_bytes_total must hold at least one staging buffer");
+  if (c.max_stores_in_flight_while_loading == 0)
+    throw std::invalid_argument("max_stores_in_flight_while_loading must be at least 1");
+  if ((c.file_mode & ~mode_t{07777}) != 0)
+    throw std::invalid_argument("file_mode must be permission bits (0 to 0o7777)");
+  if ((c.file_mode & 0600) != 0600)
+    throw std::invalid_argument("file_mode must let the owner read and write (include 0o600)");
+  return config;
+}
+
 }  // namespace
 
 std::string probe_o_direct(const std::string& dir) {
@@ -105,7 +125,7 @@ std::string probe_o_direct(const std::string& dir) {
 struct Engine::Impl {
   EngineConfig config;
   detail::IoContext io;
-  detail::BouncePool bounce;
+  detail::StagingPool staging;
   std::atomic<std::uint64_t> tmp_counter{0};
   bool direct = false;
   std::string fallback_reason;
@@ -127,7 +147,7 @@ struct Engine::Impl {
   Counters counters;
 
   explicit Impl(EngineConfig cfg)
-      : config(std::move(cfg)), bounce(kBounceBufferSize, config.bounce_bytes_total) {}
+      : config(std::move(cfg)), staging(config.staging_buffer_bytes, config.staging_bytes_total) {}
 
   // A store may start unless loads are waiting or running and the cap is reached; this keeps
   // the device queue short so a load waits for at most the stores already issued.
@@ -224,23 +244,9 @@ struct Engine::Impl {
   }
 };
 
-Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(std::move(config))) {
+Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std::move(config)))) {
   Impl& s = *impl_;
   EngineConfig& c = s.config;
-  if (c.n_read_threads + c.n_write_threads == 0)
-    throw std::invalid_argument("n_read_threads + n_write_threads must be at least 1");
-  if (c.n_read_threads > 1024 || c.n_write_threads > 1024)
-    throw std::invalid_argument("n_read_threads and n_write_threads must be at most 1024");
-  if (c.fingerprint.size() > kFingerprintSize)
-    throw std::invalid_argument("fingerprint must be at most " + std::to_string(kFingerprintSize) +
-                                " bytes");
-  if (c.max_stores_in_flight_while_loading == 0)
-    throw std::invalid_argument("max_stores_in_flight_while_loading must be at least 1");
-  if ((c.file_mode & ~mode_t{07777}) != 0)
-    throw std::invalid_argument("file_mode must be permission bits (0 to 0o7777)");
-  if ((c.file_mode & 0600) != 0600)
-    throw std::invalid_argument("file_mode must let the owner read and write (include 0o600)");
-
   if (c.o_direct != ODirectMode::kOff) {
     if (c.root_dir.empty())
       throw std::invalid_argument("root_dir is required unless o_direct is false");
@@ -262,7 +268,7 @@ Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(std::move(con
   // Directories get search permission wherever the files get read permission.
   s.io.directory_mode = (c.file_mode | ((c.file_mode & 0444) >> 2)) & 0777;
   s.io.tmp_infix = "." + host_name() + "." + std::to_string(::getpid()) + ".";
-  s.io.bounce = &s.bounce;
+  s.io.staging = &s.staging;
   s.io.tmp_counter = &s.tmp_counter;
 
   try {

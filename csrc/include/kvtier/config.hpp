@@ -43,8 +43,11 @@ struct EngineConfig {
   /// While loads are queued or running, at most this many store operations run at once,
   /// so a load waits only for the few writes already at the device.
   unsigned max_stores_in_flight_while_loading = 2;
-  /// Upper bound on the page-aligned bounce buffers used for unaligned memory.
-  std::size_t bounce_bytes_total = std::size_t{64} << 20;
+  /// Upper bound on the page-aligned staging buffers (allocated on first use) that carry
+  /// payloads in unaligned host memory under O_DIRECT, and device memory.
+  std::size_t staging_bytes_total = std::size_t{64} << 20;
+  /// Size of one staging buffer; larger payloads move through it in pieces.
+  std::size_t staging_buffer_bytes = std::size_t{2} << 20;
   /// Create an eventfd that is signalled whenever a completion is published.
   bool completion_eventfd = false;
 };
