@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <tuple>
+
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -51,6 +53,28 @@ void submit(kvtier::Engine& engine, kvtier::JobId job_id, kvtier::Direction dire
   auto ops = blocks_from_python(blocks);
   py::gil_scoped_release release;
   engine.submit(job_id, direction, std::move(ops));
+}
+
+// Blocks named by index into a BlockLayout: the segments are built here, in C++, so a job of
+// many blocks over many layers costs Python one call.
+void submit_blocks(kvtier::Engine& engine, kvtier::JobId job_id, kvtier::Direction direction,
+                   const std::vector<std::string>& paths, const std::vector<py::bytes>& keys,
+                   const std::vector<long long>& block_ids, const kvtier::BlockLayout& layout,
+                   std::uintptr_t cuda_stream) {
+  if (paths.size() != block_ids.size() || keys.size() != block_ids.size())
+    throw std::invalid_argument("paths, keys and block_ids must have the same length (" +
+                                std::to_string(paths.size()) + ", " + std::to_string(keys.size()) +
+                                ", " + std::to_string(block_ids.size()) + ")");
+  std::vector<kvtier::BlockOp> ops(block_ids.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (block_ids[i] < 0)
+      throw std::invalid_argument("block id " + std::to_string(block_ids[i]) + " is negative");
+    ops[i].path = paths[i];
+    ops[i].key = keys[i];
+    ops[i].segments = layout.segments(static_cast<std::size_t>(block_ids[i]));
+  }
+  py::gil_scoped_release release;
+  engine.submit(job_id, direction, std::move(ops), reinterpret_cast<void*>(cuda_stream));
 }
 
 py::dict stats_to_dict(const kvtier::EngineStats& s) {
@@ -116,6 +140,42 @@ PYBIND11_MODULE(_core, m) {
                ")";
       });
 
+  py::class_<kvtier::BlockLayout>(m, "BlockLayout",
+                                  "Where each block's bytes live across memory regions.")
+      .def(py::init([](const py::sequence& regions) {
+             // regions: (base_address, block_stride, num_blocks, [(offset, length), ...], is_device)
+             std::vector<kvtier::Region> out;
+             for (const py::handle item : regions) {
+               auto t = py::reinterpret_borrow<py::sequence>(item);
+               if (t.size() != 5)
+                 throw std::invalid_argument(
+                     "each region must be (base, block_stride, num_blocks, runs, is_device)");
+               kvtier::Region r;
+               r.base = reinterpret_cast<void*>(t[0].cast<std::uintptr_t>());
+               r.block_stride = t[1].cast<std::size_t>();
+               r.num_blocks = t[2].cast<std::size_t>();
+               for (const auto& [offset, length] :
+                    t[3].cast<std::vector<std::pair<std::size_t, std::size_t>>>())
+                 r.runs.push_back({offset, length});
+               r.kind = t[4].cast<bool>() ? kvtier::MemoryKind::kDevice : kvtier::MemoryKind::kHost;
+               out.push_back(std::move(r));
+             }
+             return kvtier::BlockLayout(std::move(out));
+           }),
+           "regions"_a)
+      .def_property_readonly("payload_length", &kvtier::BlockLayout::payload_length)
+      .def_property_readonly("num_blocks", &kvtier::BlockLayout::num_blocks)
+      .def_property_readonly("has_device_memory", &kvtier::BlockLayout::has_device_memory)
+      .def("segments",
+           [](const kvtier::BlockLayout& layout, std::size_t block) {
+             std::vector<std::tuple<std::uintptr_t, std::size_t, bool>> out;
+             for (const kvtier::Segment& seg : layout.segments(block))
+               out.emplace_back(reinterpret_cast<std::uintptr_t>(seg.address), seg.length,
+                                seg.kind == kvtier::MemoryKind::kDevice);
+             return out;
+           },
+           "block"_a, "(address, length, is_device) of each segment of a block.");
+
   py::class_<kvtier::Engine>(m, "Engine", "Worker pool that stores and loads block files.")
       .def(py::init([](const std::string& root_dir, unsigned n_read_threads,
                        unsigned n_write_threads, const py::object& o_direct,
@@ -123,7 +183,7 @@ PYBIND11_MODULE(_core, m) {
                        unsigned file_mode, const py::bytes& fingerprint,
                        unsigned max_stores_in_flight_while_loading,
                        std::size_t staging_bytes_total, std::size_t staging_buffer_bytes,
-                       bool completion_eventfd) {
+                       bool use_cuda, int cuda_device, bool numa_bind, bool completion_eventfd) {
              kvtier::EngineConfig c;
              c.root_dir = root_dir;
              c.n_read_threads = n_read_threads;
@@ -136,6 +196,9 @@ PYBIND11_MODULE(_core, m) {
              c.max_stores_in_flight_while_loading = max_stores_in_flight_while_loading;
              c.staging_bytes_total = staging_bytes_total;
              c.staging_buffer_bytes = staging_buffer_bytes;
+             c.use_cuda = use_cuda;
+             c.cuda_device = cuda_device;
+             c.numa_bind = numa_bind;
              c.completion_eventfd = completion_eventfd;
              py::gil_scoped_release release;  // the O_DIRECT probe does I/O
              return std::make_unique<kvtier::Engine>(std::move(c));
@@ -144,7 +207,8 @@ PYBIND11_MODULE(_core, m) {
            "o_direct"_a = "auto", "checksum"_a = "crc32c", "durability"_a = "none",
            "file_mode"_a = 0600, "fingerprint"_a = py::bytes(),
            "max_stores_in_flight_while_loading"_a = 2, "staging_bytes_total"_a = std::size_t{64} << 20,
-           "staging_buffer_bytes"_a = std::size_t{2} << 20,
+           "staging_buffer_bytes"_a = std::size_t{2} << 20, "use_cuda"_a = false,
+           "cuda_device"_a = -1, "numa_bind"_a = false,
            "completion_eventfd"_a = false)
       .def("submit_store",
            [](kvtier::Engine& e, kvtier::JobId id, const py::sequence& blocks) {
@@ -158,6 +222,10 @@ PYBIND11_MODULE(_core, m) {
            },
            "job_id"_a, "blocks"_a,
            "Queue a load of (path, key, address, length) blocks; returns at once.")
+      .def("submit_blocks", &submit_blocks, "job_id"_a, "direction"_a, "paths"_a, "keys"_a,
+           "block_ids"_a, "layout"_a, "cuda_stream"_a = 0,
+           "Queue a job over blocks of a BlockLayout; cuda_stream orders stores of device memory "
+           "after the work already queued on it.")
       .def("pop_completions", &kvtier::Engine::pop_completions, "max"_a = 0,
            py::call_guard<py::gil_scoped_release>(), "Finished jobs; never blocks.")
       .def("drain", &kvtier::Engine::drain, py::call_guard<py::gil_scoped_release>())
@@ -167,7 +235,13 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("direct_io", &kvtier::Engine::direct_io)
       .def_property_readonly("o_direct_fallback_reason",
                              &kvtier::Engine::o_direct_fallback_reason)
-      .def_property_readonly("eventfd", &kvtier::Engine::completion_eventfd);
+      .def_property_readonly("eventfd", &kvtier::Engine::completion_eventfd)
+      .def_property_readonly("cuda_enabled", &kvtier::Engine::cuda_enabled)
+      .def_property_readonly("numa_node", &kvtier::Engine::numa_node);
+
+  m.def("cuda_available", &kvtier::cuda_available,
+        "Whether a CUDA runtime and a device are present (the runtime is loaded on first call).");
+  m.def("cuda_unavailable_reason", &kvtier::cuda_unavailable_reason);
 
   m.def(
       "crc32c",

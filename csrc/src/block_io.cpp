@@ -34,6 +34,117 @@ BlockResult failure(int error, const char* operation, const std::string& path,
   return r;
 }
 
+// A step that failed: errno-style code, the step's name and optional detail.
+struct StepError {
+  StepError() = default;
+  StepError(int error_value, const char* op, std::string detail = {})
+      : error(error_value), operation(op), message(std::move(detail)) {}
+  explicit operator bool() const noexcept { return error != 0; }
+
+  int error = 0;
+  const char* operation = "";
+  std::string message;
+};
+
+StepError cuda_failure(const cuda::Api& api, cuda::Error e, const char* operation) {
+  // CUDA errors have no errno; EIO marks them as I/O failures, the message names them.
+  return {EIO, operation, cuda::describe(api, e)};
+}
+
+// ---- payload as segments: gathered into / scattered from a staging buffer ----------------
+
+// Walks a block's segments piece by piece, copying between them and a staging buffer.
+// Host runs are memcpy'd; device runs become one batched CUDA copy (or one copy per run on
+// runtimes without the batch call), followed by one stream synchronisation per piece.
+class SegmentCopier {
+ public:
+  SegmentCopier(const IoContext& ctx, WorkerContext& worker, const BlockOp& op)
+      : ctx_(ctx), worker_(worker), segments_(op.segments) {}
+
+  // Copies the next `n` payload bytes between the segments and `staging`.
+  StepError copy(unsigned char* staging, std::size_t n, bool to_staging) {
+    dsts_.clear();
+    srcs_.clear();
+    sizes_.clear();
+    std::size_t done = 0;
+    while (done < n) {
+      const Segment& seg = segments_[index_];
+      const std::size_t take = std::min(seg.length - offset_, n - done);
+      auto* mem = static_cast<unsigned char*>(seg.address) + offset_;
+      unsigned char* stage = staging + done;
+      if (seg.kind == MemoryKind::kHost) {
+        if (to_staging)
+          std::memcpy(stage, mem, take);
+        else
+          std::memcpy(mem, stage, take);
+      } else {
+        dsts_.push_back(to_staging ? static_cast<void*>(stage) : mem);
+        srcs_.push_back(to_staging ? static_cast<const void*>(mem) : stage);
+        sizes_.push_back(take);
+      }
+      done += take;
+      offset_ += take;
+      if (offset_ == seg.length) {
+        ++index_;
+        offset_ = 0;
+      }
+    }
+    return dsts_.empty() ? StepError{} : copy_device(to_staging);
+  }
+
+  // Makes the worker's stream wait for the submitter's event (stores of device memory).
+  StepError wait_for(cuda::Event ready) {
+    if (ready == nullptr || ctx_.cuda == nullptr) return {};
+    cuda::Stream stream = nullptr;
+    if (cuda::Error e = worker_.stream(stream)) return cuda_failure(*ctx_.cuda, e, "cudaStreamCreate");
+    if (cuda::Error e = ctx_.cuda->cudaStreamWaitEvent(stream, ready, 0))
+      return cuda_failure(*ctx_.cuda, e, "cudaStreamWaitEvent");
+    return {};
+  }
+
+ private:
+  StepError copy_device(bool to_staging) {
+    const cuda::Api& api = *ctx_.cuda;
+    cuda::Stream stream = nullptr;
+    if (cuda::Error e = worker_.stream(stream)) return cuda_failure(api, e, "cudaStreamCreate");
+    const cuda::MemcpyKind kind = to_staging ? cuda::kDeviceToHost : cuda::kHostToDevice;
+    cuda::Error e = cuda::kSuccess;
+    if (sizes_.size() > 1 && (api.batch_copy_13 || api.batch_copy_12)) {
+      cuda::MemcpyAttributes attrs{};
+      attrs.src_access_order = cuda::kSrcAccessOrderStream;
+      std::size_t attrs_index = 0;
+      if (api.batch_copy_13) {
+        e = api.batch_copy_13(dsts_.data(), srcs_.data(), sizes_.data(), sizes_.size(), &attrs,
+                              &attrs_index, 1, stream);
+      } else {
+        std::size_t fail_index = 0;
+        e = api.batch_copy_12(dsts_.data(), srcs_.data(), sizes_.data(), sizes_.size(), &attrs,
+                              &attrs_index, 1, &fail_index, stream);
+      }
+      if (e != cuda::kSuccess) return cuda_failure(api, e, "cudaMemcpyBatchAsync");
+    } else {
+      for (std::size_t i = 0; i < sizes_.size(); ++i) {
+        e = api.cudaMemcpyAsync(dsts_[i], srcs_[i], sizes_[i], kind, stream);
+        if (e != cuda::kSuccess) return cuda_failure(api, e, "cudaMemcpyAsync");
+      }
+    }
+    // The staging buffer is reused (or written to disk) next: the copies must be done.
+    if ((e = api.cudaStreamSynchronize(stream)) != cuda::kSuccess)
+      return cuda_failure(api, e, "cudaStreamSynchronize");
+    return {};
+  }
+
+  const IoContext& ctx_;
+  WorkerContext& worker_;
+  const std::vector<Segment>& segments_;
+  std::size_t index_ = 0, offset_ = 0;
+  std::vector<void*> dsts_;
+  std::vector<const void*> srcs_;
+  std::vector<std::size_t> sizes_;
+};
+
+// ---- opening ------------------------------------------------------------------------------
+
 // Opens a block or tmp file. Falls back from O_DIRECT to buffered I/O when the file system
 // refuses it (EINVAL) and the mode allows, and creates missing parent directories for files
 // being created.
@@ -64,23 +175,38 @@ FileDescriptor open_block_file(const IoContext& ctx, const std::string& path, in
   }
 }
 
-// Payload writes for O_DIRECT: every address, length and offset a multiple of kAlignment.
-int write_payload_direct(const IoContext& ctx, WorkerBuffers& buffers, int fd, const BlockOp& op) {
+// ---- store --------------------------------------------------------------------------------
+
+std::uint32_t payload_crc(const IoContext& ctx, const BlockOp& op) {
+  return ctx.config->checksum == Checksum::kCrc32c ? crc32c(op.data, op.length) : 0;
+}
+
+void encode(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, std::size_t length,
+            std::uint32_t crc) {
+  encode_header(worker.header.data(), op.key, ctx.config->fingerprint, length,
+                ctx.config->checksum, crc);
+}
+
+// One contiguous host buffer, O_DIRECT: every address, length and offset a multiple of
+// kAlignment.
+StepError write_contiguous_direct(const IoContext& ctx, WorkerContext& worker, int fd,
+                                  const BlockOp& op) {
+  encode(ctx, worker, op, op.length, payload_crc(ctx, op));
   const auto* data = static_cast<const unsigned char*>(op.data);
   if (is_aligned(data)) {
     // Caller memory goes to the device in place; only a partial last page is copied.
     const std::size_t body = op.length / kAlignment * kAlignment;
     const std::size_t rest = op.length - body;
-    std::vector<iovec> iov{{buffers.header.data(), kHeaderSize}};
+    std::vector<iovec> iov{{worker.header.data(), kHeaderSize}};
     if (body > 0) iov.push_back({const_cast<unsigned char*>(data), body});
     if (rest > 0) {
-      std::memcpy(buffers.tail.data(), data + body, rest);
-      std::memset(buffers.tail.data() + rest, 0, kAlignment - rest);
-      iov.push_back({buffers.tail.data(), kAlignment});
+      std::memcpy(worker.tail.data(), data + body, rest);
+      std::memset(worker.tail.data() + rest, 0, kAlignment - rest);
+      iov.push_back({worker.tail.data(), kAlignment});
     }
-    return pwritev_full(fd, std::move(iov), 0);
+    return {pwritev_full(fd, std::move(iov), 0), "pwrite"};
   }
-  if (int e = pwritev_full(fd, {{buffers.header.data(), kHeaderSize}}, 0)) return e;
+  if (int e = pwritev_full(fd, {{worker.header.data(), kHeaderSize}}, 0)) return {e, "pwrite"};
   auto lease = ctx.staging->acquire();
   for (std::size_t done = 0; done < op.length; done += lease.size()) {
     const std::size_t n = std::min(lease.size(), op.length - done);
@@ -88,17 +214,42 @@ int write_payload_direct(const IoContext& ctx, WorkerBuffers& buffers, int fd, c
     std::memcpy(lease.data(), data + done, n);
     std::memset(lease.data() + n, 0, padded - n);
     if (int e = pwritev_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done)))
-      return e;
+      return {e, "pwrite"};
   }
-  return 0;
+  return {};
 }
 
-int write_payload_buffered(WorkerBuffers& buffers, int fd, const BlockOp& op) {
-  std::vector<iovec> iov{{buffers.header.data(), kHeaderSize}};
+StepError write_contiguous_buffered(const IoContext& ctx, WorkerContext& worker, int fd,
+                                    const BlockOp& op) {
+  encode(ctx, worker, op, op.length, payload_crc(ctx, op));
+  std::vector<iovec> iov{{worker.header.data(), kHeaderSize}};
   if (op.length > 0) iov.push_back({op.data, op.length});
   const std::size_t pad = align_up(op.length) - op.length;
   if (pad > 0) iov.push_back({const_cast<unsigned char*>(kZeroPage), pad});
-  return pwritev_full(fd, std::move(iov), 0);
+  return {pwritev_full(fd, std::move(iov), 0), "pwrite"};
+}
+
+// Segments: gathered piece by piece into a staging buffer and written from there; the header
+// goes last, once the payload checksum is known.
+StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
+                         cuda::Event ready) {
+  SegmentCopier copier(ctx, worker, op);
+  if (StepError e = copier.wait_for(ready)) return e;
+  const std::size_t total = op.payload_length();
+  const bool want_crc = ctx.config->checksum == Checksum::kCrc32c;
+  std::uint32_t crc = 0;
+  auto lease = ctx.staging->acquire();
+  for (std::size_t done = 0; done < total; done += lease.size()) {
+    const std::size_t n = std::min(lease.size(), total - done);
+    const std::size_t padded = align_up(n);
+    if (StepError e = copier.copy(lease.data(), n, /*to_staging=*/true)) return e;
+    if (want_crc) crc = crc32c(lease.data(), n, crc);
+    std::memset(lease.data() + n, 0, padded - n);
+    if (int e = pwritev_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done)))
+      return {e, "pwrite"};
+  }
+  encode(ctx, worker, op, total, crc);
+  return {pwritev_full(fd, {{worker.header.data(), kHeaderSize}}, 0), "pwrite"};
 }
 
 // Renames without replacing an existing file, so the first writer of a key wins and later
@@ -118,7 +269,8 @@ int publish(const std::string& tmp, const std::string& final_path, bool& already
   return ::rename(tmp.c_str(), final_path.c_str()) == 0 ? 0 : errno;
 }
 
-BlockResult store_block_impl(const IoContext& ctx, WorkerBuffers& buffers, const BlockOp& op) {
+BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                             cuda::Event ready) {
   struct stat st;
   if (::stat(op.path.c_str(), &st) == 0) {
     BlockResult r;
@@ -146,12 +298,10 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerBuffers& buffers, const
   };
 
   if (ctx.need_fchmod && ::fchmod(fd.get(), config.file_mode) != 0) return fail(errno, "fchmod");
-  const std::uint32_t crc =
-      config.checksum == Checksum::kCrc32c ? crc32c(op.data, op.length) : 0;
-  encode_header(buffers.header.data(), op.key, config.fingerprint, op.length, config.checksum, crc);
-  const int written = direct ? write_payload_direct(ctx, buffers, fd.get(), op)
-                             : write_payload_buffered(buffers, fd.get(), op);
-  if (written != 0) return fail(written, "pwrite");
+  StepError written = !op.segments.empty() ? write_segments(ctx, worker, fd.get(), op, ready)
+                      : direct             ? write_contiguous_direct(ctx, worker, fd.get(), op)
+                                           : write_contiguous_buffered(ctx, worker, fd.get(), op);
+  if (written) return fail(written.error, written.operation, std::move(written.message));
   if (config.durability != Durability::kNone && ::fdatasync(fd.get()) != 0)
     return fail(errno, "fdatasync");
   if (int e = fd.close_checked()) return fail(e, "close");
@@ -166,61 +316,123 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerBuffers& buffers, const
     }
   }
   BlockResult r;
-  r.bytes = op.length;
+  r.bytes = op.payload_length();
   r.dedup = already_there;
   r.o_direct_fallback = fell_back;
   return r;
 }
 
-// Reads header and payload. Returns 0 with `short_read` set when the file ended early.
-int read_file(const IoContext& ctx, WorkerBuffers& buffers, int fd, bool direct, const BlockOp& op,
-              bool& short_read, std::uint32_t& crc_out, bool want_crc) {
+// ---- load ---------------------------------------------------------------------------------
+
+// What reading a payload found: a failed step, a truncated file, or a header that does not
+// verify (`corrupt`); else the decoded header and the payload's CRC.
+struct ReadOutcome {
+  StepError error;
+  bool short_read = false;
+  std::string corrupt;
+  DecodedHeader header;
+  std::uint32_t crc = 0;
+};
+
+void verify(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, ReadOutcome& out) {
+  out.corrupt = verify_header(worker.header.data(), op.key, ctx.config->fingerprint,
+                              op.payload_length(), out.header);
+}
+
+// Header and a contiguous host payload. One system call where the memory allows; a partial
+// last page lands in the tail buffer for O_DIRECT, which cannot read a partial page.
+ReadOutcome read_contiguous(const IoContext& ctx, WorkerContext& worker, int fd, bool direct,
+                            const BlockOp& op, bool want_crc) {
+  ReadOutcome out;
   auto* data = static_cast<unsigned char*>(op.data);
   std::size_t got = 0;
-  short_read = false;
   if (!direct || is_aligned(data)) {
-    // One system call reads header and payload; a partial last page lands in the tail buffer
-    // for O_DIRECT, which cannot read a partial page.
     const std::size_t body = direct ? op.length / kAlignment * kAlignment : op.length;
     const std::size_t rest = op.length - body;
-    std::vector<iovec> iov{{buffers.header.data(), kHeaderSize}};
+    std::vector<iovec> iov{{worker.header.data(), kHeaderSize}};
     if (body > 0) iov.push_back({data, body});
-    if (rest > 0) iov.push_back({buffers.tail.data(), kAlignment});
+    if (rest > 0) iov.push_back({worker.tail.data(), kAlignment});
     const std::size_t want = kHeaderSize + body + (rest > 0 ? kAlignment : 0);
-    if (int e = preadv_full(fd, std::move(iov), 0, got)) return e;
-    if (got < want) {
-      short_read = true;
-      return 0;
+    if (int e = preadv_full(fd, std::move(iov), 0, got)) {
+      out.error = {e, "pread"};
+    } else if (got < want) {
+      out.short_read = true;
+    } else {
+      if (rest > 0) std::memcpy(data + body, worker.tail.data(), rest);
+      if (want_crc) out.crc = crc32c(data, op.length);
+      verify(ctx, worker, op, out);
     }
-    if (rest > 0) std::memcpy(data + body, buffers.tail.data(), rest);
-    if (want_crc) crc_out = crc32c(data, op.length);
-    return 0;
+    return out;
   }
   // O_DIRECT into unaligned memory: page-aligned staging buffer, piece by piece.
-  if (int e = preadv_full(fd, {{buffers.header.data(), kHeaderSize}}, 0, got)) return e;
-  if (got < kHeaderSize) {
-    short_read = true;
-    return 0;
+  if (int e = preadv_full(fd, {{worker.header.data(), kHeaderSize}}, 0, got)) {
+    out.error = {e, "pread"};
+    return out;
   }
+  if (got < kHeaderSize) {
+    out.short_read = true;
+    return out;
+  }
+  verify(ctx, worker, op, out);
+  if (!out.corrupt.empty()) return out;
   auto lease = ctx.staging->acquire();
-  std::uint32_t crc = 0;
   for (std::size_t done = 0; done < op.length; done += lease.size()) {
     const std::size_t n = std::min(lease.size(), op.length - done);
     const std::size_t padded = align_up(n);
-    if (int e = preadv_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done), got))
-      return e;
+    if (int e = preadv_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done), got)) {
+      out.error = {e, "pread"};
+      return out;
+    }
     if (got < padded) {
-      short_read = true;
-      return 0;
+      out.short_read = true;
+      return out;
     }
     std::memcpy(data + done, lease.data(), n);
-    if (want_crc) crc = crc32c(data + done, n, crc);
+    if (want_crc) out.crc = crc32c(data + done, n, out.crc);
   }
-  crc_out = crc;
-  return 0;
+  return out;
 }
 
-BlockResult load_block_impl(const IoContext& ctx, WorkerBuffers& buffers, const BlockOp& op) {
+// Segments: the header first (so a wrong file never reaches the segments), then the payload
+// through a staging buffer, piece by piece.
+ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
+                          bool want_crc) {
+  ReadOutcome out;
+  std::size_t got = 0;
+  if (int e = preadv_full(fd, {{worker.header.data(), kHeaderSize}}, 0, got)) {
+    out.error = {e, "pread"};
+    return out;
+  }
+  if (got < kHeaderSize) {
+    out.short_read = true;
+    return out;
+  }
+  verify(ctx, worker, op, out);
+  if (!out.corrupt.empty()) return out;
+  const std::size_t total = op.payload_length();
+  SegmentCopier copier(ctx, worker, op);
+  auto lease = ctx.staging->acquire();
+  for (std::size_t done = 0; done < total; done += lease.size()) {
+    const std::size_t n = std::min(lease.size(), total - done);
+    const std::size_t padded = align_up(n);
+    if (int e = preadv_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done), got)) {
+      out.error = {e, "pread"};
+      return out;
+    }
+    if (got < padded) {
+      out.short_read = true;
+      return out;
+    }
+    if (want_crc) out.crc = crc32c(lease.data(), n, out.crc);
+    if (StepError e = copier.copy(lease.data(), n, /*to_staging=*/false)) {
+      out.error = std::move(e);
+      return out;
+    }
+  }
+  return out;
+}
+
+BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op) {
   const EngineConfig& config = *ctx.config;
   BlockResult result;
   bool direct = ctx.direct;
@@ -238,21 +450,22 @@ BlockResult load_block_impl(const IoContext& ctx, WorkerBuffers& buffers, const 
   };
 
   const bool want_crc = config.checksum == Checksum::kCrc32c;
-  bool short_read = false;
-  std::uint32_t crc = 0;
-  if (int e = read_file(ctx, buffers, fd.get(), direct, op, short_read, crc, want_crc)) {
-    BlockResult r = failure(e, "pread", op.path);
+  ReadOutcome read = op.segments.empty()
+                         ? read_contiguous(ctx, worker, fd.get(), direct, op, want_crc)
+                         : read_segments(ctx, worker, fd.get(), op, want_crc);
+  if (read.error) {
+    BlockResult r = failure(read.error.error, read.error.operation, op.path,
+                            std::move(read.error.message));
     r.o_direct_fallback = fell_back;
     return r;
   }
-  if (short_read) return corrupt("file is truncated");
-  DecodedHeader header;
-  std::string why = verify_header(buffers.header.data(), op.key, config.fingerprint, op.length, header);
-  if (!why.empty()) return corrupt(std::move(why));
-  if (want_crc && header.checksum_kind == kChecksumKindCrc32c && crc != header.payload_crc)
+  if (read.short_read) return corrupt("file is truncated");
+  if (!read.corrupt.empty()) return corrupt(std::move(read.corrupt));
+  if (want_crc && read.header.checksum_kind == kChecksumKindCrc32c &&
+      read.crc != read.header.payload_crc)
     return corrupt("payload checksum mismatch");
   BlockResult r;
-  r.bytes = op.length;
+  r.bytes = op.payload_length();
   r.o_direct_fallback = fell_back;
   return r;
 }
@@ -272,12 +485,28 @@ BlockResult guarded(const BlockOp& op, const char* operation, Fn&& fn) noexcept 
 
 }  // namespace
 
-BlockResult store_block(const IoContext& ctx, WorkerBuffers& buffers, const BlockOp& op) noexcept {
-  return guarded(op, "store", [&] { return store_block_impl(ctx, buffers, op); });
+WorkerContext::~WorkerContext() {
+  if (stream_ != nullptr && ctx_.cuda != nullptr) ctx_.cuda->cudaStreamDestroy(stream_);
 }
 
-BlockResult load_block(const IoContext& ctx, WorkerBuffers& buffers, const BlockOp& op) noexcept {
-  return guarded(op, "load", [&] { return load_block_impl(ctx, buffers, op); });
+cuda::Error WorkerContext::stream(cuda::Stream& out) {
+  if (stream_ == nullptr) {
+    // Runtime state is per thread: select the device before creating the stream on it.
+    if (cuda::Error e = ctx_.cuda->cudaSetDevice(ctx_.cuda_device)) return e;
+    if (cuda::Error e = ctx_.cuda->cudaStreamCreateWithFlags(&stream_, cuda::kStreamNonBlocking))
+      return e;
+  }
+  out = stream_;
+  return cuda::kSuccess;
+}
+
+BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                        cuda::Event ready) noexcept {
+  return guarded(op, "store", [&] { return store_block_impl(ctx, worker, op, ready); });
+}
+
+BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op) noexcept {
+  return guarded(op, "load", [&] { return load_block_impl(ctx, worker, op); });
 }
 
 }  // namespace kvtier::detail

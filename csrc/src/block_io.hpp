@@ -9,7 +9,8 @@
 #include <kvtier/config.hpp>
 #include <kvtier/job.hpp>
 
-#include "aligned_buffer.hpp"
+#include "staging_pool.hpp"
+#include "cuda_runtime.hpp"
 
 namespace kvtier::detail {
 
@@ -36,19 +37,37 @@ struct IoContext {
   std::string tmp_infix;           ///< ".<host>.<pid>." inserted before the unique number
   StagingPool* staging = nullptr;
   std::atomic<std::uint64_t>* tmp_counter = nullptr;
+  const cuda::Api* cuda = nullptr;  ///< set when device segments are allowed
+  int cuda_device = 0;
 };
 
-/// Scratch memory each worker owns, so the hot path allocates nothing.
-struct WorkerBuffers {
+/// What each worker owns, so the hot path allocates nothing: scratch pages and, once it has
+/// moved device memory, its own CUDA stream (so workers' copies overlap).
+class WorkerContext {
+ public:
+  explicit WorkerContext(const IoContext& ctx) : ctx_(ctx) {}
+  ~WorkerContext();
+  WorkerContext(const WorkerContext&) = delete;
+  WorkerContext& operator=(const WorkerContext&) = delete;
+
+  /// The worker's stream, created on first use. Returns 0 or a CUDA error.
+  cuda::Error stream(cuda::Stream& out);
+
   AlignedBuffer header{kHeaderSize};
   AlignedBuffer tail{kAlignment};
+
+ private:
+  const IoContext& ctx_;
+  cuda::Stream stream_ = nullptr;
 };
 
-/// Writes one block file (tmp file + rename). Never throws.
-BlockResult store_block(const IoContext& ctx, WorkerBuffers& buffers, const BlockOp& op) noexcept;
+/// Writes one block file (tmp file + rename). `ready` (may be null) is an event recorded on
+/// the submitter's stream: device memory is copied only after it. Never throws.
+BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                        cuda::Event ready) noexcept;
 
-/// Reads and verifies one block file into op.data. Never throws. A file that fails
+/// Reads and verifies one block file into the op's memory. Never throws. A file that fails
 /// verification is removed; the destination memory is then unspecified.
-BlockResult load_block(const IoContext& ctx, WorkerBuffers& buffers, const BlockOp& op) noexcept;
+BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op) noexcept;
 
 }  // namespace kvtier::detail

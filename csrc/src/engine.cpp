@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -22,6 +24,7 @@
 
 #include "aligned_buffer.hpp"
 #include "block_io.hpp"
+#include "cuda_runtime.hpp"
 #include "mpsc_queue.hpp"
 #include "posix_io.hpp"
 
@@ -42,6 +45,16 @@ struct Job {
   std::atomic<std::uint64_t> bytes{0};
   Clock::time_point submitted;
   double seconds = 0.0;
+  // Recorded on the submitter's stream for stores of device memory; destroyed with the job.
+  detail::cuda::Event ready = nullptr;
+  const detail::cuda::Api* cuda = nullptr;
+
+  Job() = default;
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+  ~Job() {
+    if (ready != nullptr) cuda->cudaEventDestroy(ready);
+  }
 };
 static_assert(offsetof(Job, node) == 0);
 
@@ -97,7 +110,50 @@ EngineConfig validated(EngineConfig config) {
   return config;
 }
 
+// The CPUs of the NUMA node a GPU is attached to, read from sysfs; empty when unknown.
+std::vector<int> gpu_numa_cpus(const detail::cuda::Api& api, int device, int& node) {
+  node = -1;
+  char bus_id[64] = {};
+  if (api.cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device) != detail::cuda::kSuccess) {
+    api.cudaGetLastError();
+    return {};
+  }
+  std::string id(bus_id);
+  for (char& ch : id) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  std::ifstream numa("/sys/bus/pci/devices/" + id + "/numa_node");
+  if (!(numa >> node) || node < 0) {
+    node = -1;
+    return {};
+  }
+  std::ifstream list("/sys/devices/system/node/node" + std::to_string(node) + "/cpulist");
+  std::string text;
+  std::getline(list, text);
+  std::vector<int> cpus;
+  std::size_t pos = 0;
+  while (pos < text.size()) {  // "0-15,32-47"
+    std::size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string range = text.substr(pos, end - pos);
+    const auto dash = range.find('-');
+    try {
+      const int lo = std::stoi(range.substr(0, dash));
+      const int hi = dash == std::string::npos ? lo : std::stoi(range.substr(dash + 1));
+      for (int c = lo; c <= hi; ++c) cpus.push_back(c);
+    } catch (const std::exception&) {
+      node = -1;
+      return {};
+    }
+    pos = end + 1;
+  }
+  if (cpus.empty()) node = -1;
+  return cpus;
+}
+
 }  // namespace
+
+bool cuda_available() noexcept { return detail::cuda::runtime() != nullptr; }
+
+std::string cuda_unavailable_reason() { return detail::cuda::unavailable_reason(); }
 
 std::string probe_o_direct(const std::string& dir) {
   static std::atomic<std::uint64_t> counter{0};
@@ -130,6 +186,9 @@ struct Engine::Impl {
   bool direct = false;
   std::string fallback_reason;
   int event_fd = -1;
+  const detail::cuda::Api* cuda = nullptr;  // set when use_cuda found a runtime
+  std::vector<int> numa_cpus;
+  int numa_node = -1;
 
   // Queues and scheduling state, guarded by mutex.
   std::mutex mutex;
@@ -174,7 +233,14 @@ struct Engine::Impl {
   }
 
   void worker_loop(bool load_first) {
-    detail::WorkerBuffers buffers;
+    if (!numa_cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (int cpu : numa_cpus)
+        if (cpu < CPU_SETSIZE) CPU_SET(cpu, &set);
+      ::sched_setaffinity(0, sizeof(set), &set);  // best effort: a refusal only costs locality
+    }
+    detail::WorkerContext worker(io);
     std::unique_lock lock(mutex);
     for (;;) {
       Task task{};
@@ -186,8 +252,8 @@ struct Engine::Impl {
       (is_load ? running_loads : running_stores)++;
       lock.unlock();
       const BlockOp& op = task.job->blocks[task.index];
-      detail::BlockResult result = is_load ? detail::load_block(io, buffers, op)
-                                           : detail::store_block(io, buffers, op);
+      detail::BlockResult result = is_load ? detail::load_block(io, worker, op)
+                                           : detail::store_block(io, worker, op, task.job->ready);
       lock.lock();
       (is_load ? running_loads : running_stores)--;
       // A finished load can lift the store cap; a finished store can let a capped store run.
@@ -257,6 +323,20 @@ Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std
       throw SystemError(EINVAL, "o_direct=true but " + s.fallback_reason, c.root_dir);
     s.direct = s.fallback_reason.empty();
   }
+  if (c.use_cuda) {
+    s.cuda = detail::cuda::runtime();
+    if (s.cuda == nullptr)
+      throw std::runtime_error("use_cuda is set but CUDA is unavailable: " +
+                               detail::cuda::unavailable_reason());
+    if (c.cuda_device < 0 && s.cuda->cudaGetDevice(&c.cuda_device) != detail::cuda::kSuccess)
+      throw std::runtime_error("cudaGetDevice failed");
+    if (c.cuda_device >= s.cuda->device_count)
+      throw std::invalid_argument("cuda_device " + std::to_string(c.cuda_device) +
+                                  " does not exist (" + std::to_string(s.cuda->device_count) +
+                                  " devices)");
+    s.staging.pin_with(s.cuda);
+    if (c.numa_bind) s.numa_cpus = gpu_numa_cpus(*s.cuda, c.cuda_device, s.numa_node);
+  }
   if (c.completion_eventfd) {
     s.event_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (s.event_fd < 0) throw SystemError(errno, "eventfd failed", "");
@@ -270,6 +350,8 @@ Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std
   s.io.tmp_infix = "." + host_name() + "." + std::to_string(::getpid()) + ".";
   s.io.staging = &s.staging;
   s.io.tmp_counter = &s.tmp_counter;
+  s.io.cuda = s.cuda;
+  s.io.cuda_device = c.cuda_device;
 
   try {
     for (unsigned i = 0; i < c.n_read_threads + c.n_write_threads; ++i) {
@@ -292,12 +374,23 @@ Engine::~Engine() {
   if (impl_->event_fd >= 0) ::close(impl_->event_fd);
 }
 
-void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> blocks) {
+void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> blocks,
+                    void* cuda_stream) {
   Impl& s = *impl_;
+  bool any_device = false;
   for (const BlockOp& op : blocks) {
     if (op.path.empty()) throw std::invalid_argument("block path must not be empty");
     if (op.data == nullptr && op.length > 0)
       throw std::invalid_argument("block data must not be null: " + op.path);
+    if (!op.segments.empty() && op.data != nullptr)
+      throw std::invalid_argument("a block takes data/length or segments, not both: " + op.path);
+    for (const Segment& seg : op.segments) {
+      if (seg.address == nullptr && seg.length > 0)
+        throw std::invalid_argument("segment address must not be null: " + op.path);
+      if (seg.kind == MemoryKind::kDevice) any_device = true;
+    }
+    if (any_device && s.cuda == nullptr)
+      throw std::invalid_argument("device memory needs an engine created with use_cuda: " + op.path);
     if (op.key.size() > kMaxKeySize)
       throw std::invalid_argument("block key longer than " + std::to_string(kMaxKeySize) +
                                   " bytes: " + op.path);
@@ -309,6 +402,21 @@ void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> bloc
   job->block_errnos.assign(job->blocks.size(), 0);
   job->remaining.store(job->blocks.size(), std::memory_order_relaxed);
   job->submitted = Clock::now();
+  if (any_device && direction == Direction::kStore) {
+    // Stores of device memory must see everything already queued on the caller's stream
+    // (e.g. the kernel that wrote the block): the workers wait on this event before copying.
+    const auto& api = *s.cuda;
+    job->cuda = s.cuda;
+    detail::cuda::Error e =
+        api.cudaEventCreateWithFlags(&job->ready, detail::cuda::kEventDisableTiming);
+    if (e == detail::cuda::kSuccess)
+      e = api.cudaEventRecord(job->ready, static_cast<detail::cuda::Stream>(cuda_stream));
+    if (e != detail::cuda::kSuccess) {
+      api.cudaGetLastError();
+      throw std::runtime_error("cannot record the submitting stream's event: " +
+                               detail::cuda::describe(api, e));
+    }
+  }
   const std::size_t n = job->blocks.size();
   {
     std::lock_guard lock(s.mutex);
@@ -385,6 +493,7 @@ void Engine::shutdown() {
   for (std::thread& t : s.workers)
     if (t.joinable()) t.join();
   s.workers.clear();
+  s.staging.release_all();  // no worker holds a lease any more
 }
 
 bool Engine::is_shut_down() const noexcept {
@@ -397,6 +506,8 @@ const std::string& Engine::o_direct_fallback_reason() const noexcept {
   return impl_->fallback_reason;
 }
 int Engine::completion_eventfd() const noexcept { return impl_->event_fd; }
+bool Engine::cuda_enabled() const noexcept { return impl_->cuda != nullptr; }
+int Engine::numa_node() const noexcept { return impl_->numa_node; }
 const EngineConfig& Engine::config() const noexcept { return impl_->config; }
 
 EngineStats Engine::stats() const {

@@ -48,6 +48,13 @@ struct EngineConfig {
   std::size_t staging_bytes_total = std::size_t{64} << 20;
   /// Size of one staging buffer; larger payloads move through it in pieces.
   std::size_t staging_buffer_bytes = std::size_t{2} << 20;
+  /// Load the CUDA runtime so that segments may be MemoryKind::kDevice (the constructor throws
+  /// std::runtime_error when no runtime or device is found); staging buffers are then pinned.
+  bool use_cuda = false;
+  /// Device that kDevice segments live on; -1 = the caller's current device at construction.
+  int cuda_device = -1;
+  /// Pin worker threads to the CPUs of the GPU's NUMA node, where the system exposes it.
+  bool numa_bind = false;
   /// Create an eventfd that is signalled whenever a completion is published.
   bool completion_eventfd = false;
 };

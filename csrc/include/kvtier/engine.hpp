@@ -43,10 +43,14 @@ class Engine {
 
   /// Queues a job. Returns at once; the job is reported exactly once by pop_completions().
   /// A job without blocks completes immediately and successfully.
+  /// `cuda_stream` (a cudaStream_t; nullptr = the legacy default stream) matters for stores of
+  /// device memory: they copy only after the work queued on that stream so far has finished.
   /// Throws std::invalid_argument for a job id already in flight or a bad block (null data,
-  /// empty path, oversized key), std::runtime_error after shutdown(). A job that throws is
-  /// never reported.
-  void submit(JobId job_id, Direction direction, std::vector<BlockOp> blocks);
+  /// empty path, oversized key, device memory without use_cuda), std::runtime_error after
+  /// shutdown() or when CUDA fails to record the stream's event. A job that throws is never
+  /// reported.
+  void submit(JobId job_id, Direction direction, std::vector<BlockOp> blocks,
+              void* cuda_stream = nullptr);
 
   /// Moves up to `max` finished jobs (0 = all available) into the result. Never blocks.
   std::vector<Completion> pop_completions(std::size_t max = 0);
@@ -70,6 +74,11 @@ class Engine {
   /// EngineConfig::completion_eventfd was set. Read it to reset it.
   int completion_eventfd() const noexcept;
 
+  /// Whether device memory can be moved (EngineConfig::use_cuda and a runtime was found).
+  bool cuda_enabled() const noexcept;
+  /// The NUMA node the workers are pinned to, or -1.
+  int numa_node() const noexcept;
+
   EngineStats stats() const;
   const EngineConfig& config() const noexcept;
 
@@ -77,6 +86,11 @@ class Engine {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// Whether a CUDA runtime and at least one device are present in this process.
+bool cuda_available() noexcept;
+/// Why cuda_available() is false (empty when it is true).
+std::string cuda_unavailable_reason();
 
 /// Tries to create, O_DIRECT-write and read a probe file in `dir`.
 /// Returns an empty string when O_DIRECT works, else the reason it does not.

@@ -12,14 +12,38 @@ using JobId = std::int64_t;
 
 enum class Direction : std::uint8_t { kLoad, kStore };
 
+/// Where a Segment's bytes live.
+enum class MemoryKind : std::uint8_t {
+  kHost,    ///< CPU memory
+  kDevice,  ///< CUDA device memory (needs EngineConfig::use_cuda)
+};
+
+/// One contiguous run of a block's payload.
+struct Segment {
+  void* address = nullptr;
+  std::size_t length = 0;
+  MemoryKind kind = MemoryKind::kHost;
+};
+
 /// One block of a job: a file and the caller memory its payload comes from or goes to.
-/// The memory must stay valid (and, for loads, untouched by the caller) until the job's
-/// completion has been popped.
+/// The payload is either one contiguous host buffer (`data`, `length`) or, when `segments`
+/// is not empty, the concatenation of the segments (e.g. one run per layer of a GPU KV cache),
+/// which moves through a staging buffer. The memory must stay valid (and, for loads, untouched
+/// by the caller) until the job's completion has been popped.
 struct BlockOp {
   std::string path;    ///< final path of the block file
   std::string key;     ///< opaque key bytes stored in and verified against the header
   void* data = nullptr;
-  std::size_t length = 0;  ///< payload bytes
+  std::size_t length = 0;  ///< payload bytes of `data`
+  std::vector<Segment> segments;
+
+  /// Payload bytes, whichever form the payload takes.
+  std::size_t payload_length() const noexcept {
+    if (segments.empty()) return length;
+    std::size_t total = 0;
+    for (const Segment& s : segments) total += s.length;
+    return total;
+  }
 };
 
 /// The first error of a job, for logs and JobResult.error.

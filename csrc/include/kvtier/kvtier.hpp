@@ -1,6 +1,7 @@
 #pragma once
 
 /// Umbrella header: everything a C++ program needs to store and load KV blocks.
+#include <kvtier/block_layout.hpp>
 #include <kvtier/config.hpp>
 #include <kvtier/engine.hpp>
 #include <kvtier/error.hpp>

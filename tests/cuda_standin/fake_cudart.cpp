@@ -1,0 +1,258 @@
+// A stand-in for the CUDA runtime, for testing kvtier's CUDA code path without a GPU.
+// kvtier loads it through the same run-time loader as the real libcudart (KVTIER_CUDART).
+// "Device memory" is host memory; streams are host threads that run their queued work in
+// order; events complete when their stream reaches them; copies are memcpy. Tests steer it
+// through the kvtier_fake_* functions (ctypes): fault injection, call counts, fake kernels.
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace {
+
+constexpr int kSuccess = 0;
+constexpr int kErrorInvalidValue = 1;
+
+class FakeStream {
+ public:
+  FakeStream() : thread_([this] { run(); }) {}
+  ~FakeStream() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void enqueue(std::function<void()> work) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(work));
+    }
+    cv_.notify_all();
+  }
+  void synchronize() {
+    std::unique_lock lock(mutex_);
+    idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      auto work = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      work();
+      lock.lock();
+      busy_ = false;
+      if (queue_.empty()) idle_cv_.notify_all();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::function<void()>> queue_;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;
+};
+
+struct FakeEvent {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0, completed = 0;
+};
+
+std::mutex g_mutex;
+std::map<std::string, long> g_calls;
+std::map<std::string, std::pair<long, int>> g_faults;  // function -> (calls until fault, error)
+std::atomic<long> g_registered_bytes{0};
+std::map<void*, std::size_t> g_registered;
+thread_local int t_device = 0;
+
+FakeStream& legacy_stream() {
+  static FakeStream* stream = new FakeStream();  // lives as long as the process
+  return *stream;
+}
+FakeStream& stream_of(void* s) { return s ? *static_cast<FakeStream*>(s) : legacy_stream(); }
+
+// Counts the call and returns the injected error, if one is due.
+int enter(const char* function) {
+  std::lock_guard lock(g_mutex);
+  ++g_calls[function];
+  auto it = g_faults.find(function);
+  if (it == g_faults.end()) return kSuccess;
+  if (--it->second.first > 0) return kSuccess;
+  const int error = it->second.second;
+  g_faults.erase(it);
+  return error;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---- runtime API subset used by kvtier -----------------------------------------------------
+int cudaRuntimeGetVersion(int* v) {
+  *v = env_int("KVTIER_FAKE_CUDART_VERSION", 13000);
+  return enter("cudaRuntimeGetVersion");
+}
+int cudaGetDeviceCount(int* n) {
+  *n = env_int("KVTIER_FAKE_CUDA_DEVICES", 1);
+  return enter("cudaGetDeviceCount");
+}
+int cudaGetDevice(int* d) {
+  *d = t_device;
+  return enter("cudaGetDevice");
+}
+int cudaSetDevice(int d) {
+  if (int e = enter("cudaSetDevice")) return e;
+  if (d < 0 || d >= env_int("KVTIER_FAKE_CUDA_DEVICES", 1)) return kErrorInvalidValue;
+  t_device = d;
+  return kSuccess;
+}
+int cudaDeviceGetPCIBusId(char* out, int len, int) {
+  std::snprintf(out, static_cast<std::size_t>(len), "0000:FF:00.0");  // no such device: no NUMA
+  return enter("cudaDeviceGetPCIBusId");
+}
+int cudaStreamCreateWithFlags(void** s, unsigned) {
+  if (int e = enter("cudaStreamCreateWithFlags")) return e;
+  *s = new FakeStream();
+  return kSuccess;
+}
+int cudaStreamDestroy(void* s) {
+  delete static_cast<FakeStream*>(s);
+  return enter("cudaStreamDestroy");
+}
+int cudaStreamSynchronize(void* s) {
+  if (int e = enter("cudaStreamSynchronize")) return e;
+  stream_of(s).synchronize();
+  return kSuccess;
+}
+int cudaEventCreateWithFlags(void** e, unsigned) {
+  if (int err = enter("cudaEventCreateWithFlags")) return err;
+  *e = new FakeEvent();
+  return kSuccess;
+}
+int cudaEventDestroy(void* e) {
+  delete static_cast<FakeEvent*>(e);
+  return enter("cudaEventDestroy");
+}
+int cudaEventRecord(void* e, void* s) {
+  if (int err = enter("cudaEventRecord")) return err;
+  auto* ev = static_cast<FakeEvent*>(e);
+  std::uint64_t generation;
+  {
+    std::lock_guard lock(ev->mutex);
+    generation = ++ev->recorded;
+  }
+  stream_of(s).enqueue([ev, generation] {
+    std::lock_guard lock(ev->mutex);
+    if (ev->completed < generation) ev->completed = generation;
+    ev->cv.notify_all();
+  });
+  return kSuccess;
+}
+int cudaStreamWaitEvent(void* s, void* e, unsigned) {
+  if (int err = enter("cudaStreamWaitEvent")) return err;
+  auto* ev = static_cast<FakeEvent*>(e);
+  std::uint64_t generation;
+  {
+    std::lock_guard lock(ev->mutex);
+    generation = ev->recorded;  // waits for the most recent record, as CUDA does
+  }
+  stream_of(s).enqueue([ev, generation] {
+    std::unique_lock lock(ev->mutex);
+    ev->cv.wait(lock, [&] { return ev->completed >= generation; });
+  });
+  return kSuccess;
+}
+int cudaMemcpyAsync(void* dst, const void* src, std::size_t n, int, void* s) {
+  if (int e = enter("cudaMemcpyAsync")) return e;
+  stream_of(s).enqueue([=] { std::memcpy(dst, src, n); });
+  return kSuccess;
+}
+int cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                         std::size_t count, void*, std::size_t*, std::size_t, void* s) {
+  if (int e = enter("cudaMemcpyBatchAsync")) return e;
+  for (std::size_t i = 0; i < count; ++i) {
+    void* dst = dsts[i];
+    const void* src = srcs[i];
+    std::size_t n = sizes[i];
+    stream_of(s).enqueue([=] { std::memcpy(dst, src, n); });
+  }
+  return kSuccess;
+}
+int cudaHostRegister(void* p, std::size_t n, unsigned) {
+  if (int e = enter("cudaHostRegister")) return e;
+  std::lock_guard lock(g_mutex);
+  g_registered[p] = n;
+  g_registered_bytes += static_cast<long>(n);
+  return kSuccess;
+}
+int cudaHostUnregister(void* p) {
+  if (int e = enter("cudaHostUnregister")) return e;
+  std::lock_guard lock(g_mutex);
+  auto it = g_registered.find(p);
+  if (it == g_registered.end()) return kErrorInvalidValue;
+  g_registered_bytes -= static_cast<long>(it->second);
+  g_registered.erase(it);
+  return kSuccess;
+}
+int cudaGetLastError() { return kSuccess; }
+const char* cudaGetErrorName(int e) {
+  switch (e) {
+    case 0: return "cudaSuccess";
+    case 1: return "cudaErrorInvalidValue";
+    case 2: return "cudaErrorMemoryAllocation";
+    case 700: return "cudaErrorIllegalAddress";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(int e) {
+  switch (e) {
+    case 0: return "no error";
+    case 1: return "invalid argument";
+    case 2: return "out of memory";
+    case 700: return "an illegal memory access was encountered";
+    default: return "unknown error";
+  }
+}
+
+// ---- test controls ------------------------------------------------------------------------
+/// The `nth` next call of `function` (1 = the next one) returns `error`.
+void kvtier_fake_fail(const char* function, long nth, int error) {
+  std::lock_guard lock(g_mutex);
+  g_faults[function] = {nth, error};
+}
+long kvtier_fake_calls(const char* function) {
+  std::lock_guard lock(g_mutex);
+  auto it = g_calls.find(function);
+  return it == g_calls.end() ? 0 : it->second;
+}
+long kvtier_fake_registered_bytes() { return g_registered_bytes.load(); }
+/// A fake kernel on stream `s`: after `delay_ms`, fills `n` bytes at `dst` with `value`.
+void kvtier_fake_kernel(void* s, int delay_ms, void* dst, int value, std::size_t n) {
+  stream_of(s).enqueue([=] {
+    ::usleep(static_cast<useconds_t>(delay_ms) * 1000);
+    std::memset(dst, value, n);
+  });
+}
+
+}  // extern "C"
