@@ -297,7 +297,9 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const 
     return r;
   };
 
-  if (ctx.need_fchmod && ::fchmod(fd.get(), config.file_mode) != 0) return fail(errno, "fchmod");
+  // open() applies the process umask, which may change at any time; fchmod makes file_mode
+  // exact (reading the umask would mean setting it, racing other threads' file creation).
+  if (::fchmod(fd.get(), config.file_mode) != 0) return fail(errno, "fchmod");
   StepError written = !op.segments.empty() ? write_segments(ctx, worker, fd.get(), op, ready)
                       : direct             ? write_contiguous_direct(ctx, worker, fd.get(), op)
                                            : write_contiguous_buffered(ctx, worker, fd.get(), op);

@@ -32,7 +32,6 @@ struct BlockResult {
 struct IoContext {
   const EngineConfig* config = nullptr;
   bool direct = false;             ///< open block files with O_DIRECT
-  bool need_fchmod = false;        ///< the umask would strip bits of config->file_mode
   mode_t directory_mode = 0700;    ///< for directories created on the way to a block
   std::string tmp_infix;           ///< ".<host>.<pid>." inserted before the unique number
   StagingPool* staging = nullptr;

@@ -80,13 +80,6 @@ std::string host_name() {
   return dot == std::string::npos ? host : host.substr(0, dot);
 }
 
-mode_t current_umask() {
-  // umask() can only be read by setting it; restore at once (done once, at construction).
-  mode_t mask = ::umask(0);
-  ::umask(mask);
-  return mask;
-}
-
 // Rejects configurations the engine cannot honour, before anything is allocated.
 EngineConfig validated(EngineConfig config) {
   const EngineConfig& c = config;
@@ -344,7 +337,6 @@ Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std
 
   s.io.config = &s.config;
   s.io.direct = s.direct;
-  s.io.need_fchmod = (c.file_mode & current_umask()) != 0;
   // Directories get search permission wherever the files get read permission.
   s.io.directory_mode = (c.file_mode | ((c.file_mode & 0444) >> 2)) & 0777;
   s.io.tmp_infix = "." + host_name() + "." + std::to_string(::getpid()) + ".";

@@ -1,0 +1,448 @@
+"""Failures injected at the system-call boundary are reported as failed jobs, not crashes.
+
+A small LD_PRELOAD interposer (faults/faultinject.c, built here with the C compiler) fails or
+shortens chosen calls on paths that contain a substring; a child Python process
+(faults/child.py) drives the engine under it and prints what happened as JSON. The native
+library imports open, pwritev, preadv, rename, renameat2, fdatasync, fsync and mkdir from libc
+(see `nm -D libkvtier_core.so`); the interposer also covers their 64-bit and *at variants in
+case a build switches to them.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kvtier import _core as core
+
+FAULTS = Path(__file__).resolve().parent / "faults"
+CHILD_TIMEOUT_S = 120
+ROW = 3 * 4096 + 777  # not a multiple of the page size
+
+
+@pytest.fixture(scope="module")
+def interposer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler (cc/gcc/clang) to build the LD_PRELOAD fault injector")
+    out = tmp_path_factory.mktemp("faultinject") / "faultinject.so"
+    build = subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            str(out),
+            str(FAULTS / "faultinject.c"),
+            "-ldl",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_S,
+    )
+    assert build.returncode == 0, build.stderr
+    return out
+
+
+class Child:
+    """Result of one child run: the JSON it printed and the faults the interposer injected."""
+
+    def __init__(self, result: dict[str, Any], injected: list[str]) -> None:
+        self.result = result
+        self.injected = injected
+        self.completions = {c["job_id"]: c for c in result["completions"]}
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self.completions[job_id]
+
+
+def run_child(
+    interposer: Path,
+    spec: dict[str, Any],
+    fault: str,
+    match: str = "",
+    err: int = errno.EIO,
+    short: int | None = None,
+    times: int | None = None,
+) -> Child:
+    env = dict(os.environ)
+    env.update(
+        LD_PRELOAD=str(interposer),
+        KVTIER_FAULT=fault,
+        KVTIER_FAULT_MATCH=match,
+        KVTIER_FAULT_ERRNO=str(err),
+    )
+    if short is not None:
+        env["KVTIER_FAULT_SHORT"] = str(short)
+    if times is not None:
+        env["KVTIER_FAULT_TIMES"] = str(times)
+    spec.setdefault("row_size", ROW)
+    spec.setdefault("rows", 4)
+    spec.setdefault("engine", {})
+    spec["engine"].setdefault("n_read_threads", 2)
+    spec["engine"].setdefault("n_write_threads", 2)
+    proc = subprocess.run(
+        [sys.executable, str(FAULTS / "child.py"), json.dumps(spec)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=CHILD_TIMEOUT_S,
+    )
+    # A fault must never crash the process.
+    assert proc.returncode == 0, f"child exited {proc.returncode}\n{proc.stderr[-4000:]}"
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, proc.stdout + proc.stderr
+    injected = [line for line in proc.stderr.splitlines() if line.startswith("kvtier-fault: ")]
+    return Child(json.loads(lines[-1]), injected)
+
+
+def block(root: Path, name: str) -> str:
+    return str(root / "blocks" / "ab" / f"{name}.kvb")
+
+
+def store_then_load(root: Path, names: list[str], load_names: list[str] | None = None) -> list:
+    rows = {n: i for i, n in enumerate(names)}
+    load_names = names if load_names is None else load_names
+    return [
+        {"id": 1, "kind": "store", "blocks": [[block(root, n), rows[n]] for n in names]},
+        {"id": 2, "kind": "load", "blocks": [[block(root, n), rows[n]] for n in load_names]},
+    ]
+
+
+def tmp_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.endswith(".tmp")]
+
+
+def direct_ok(root: Path) -> bool:
+    root.mkdir(parents=True, exist_ok=True)
+    return core.probe_o_direct(str(root)) == ""
+
+
+# --------------------------------------------------------------------------------------------
+# O_DIRECT refused (EINVAL on open with O_DIRECT)
+
+
+@pytest.mark.parametrize("memory", ["aligned", "unaligned"])
+def test_o_direct_refused_auto_falls_back_to_buffered(
+    interposer: Path, tmp_path: Path, memory: str
+) -> None:
+    root = tmp_path / "root"
+    spec = {
+        "root": str(root),
+        "engine": {"o_direct": "auto"},
+        "memory": memory,
+        "jobs": store_then_load(root, ["a", "b", "c"]),
+    }
+    child = run_child(interposer, spec, "open_direct", match=str(root), err=errno.EINVAL)
+    r = child.result
+    assert r["construct_error"] is None
+    assert r["direct_io"] is False
+    assert "Invalid argument" in r["fallback_reason"]
+    assert any("kvtier-odirect-probe" in line for line in child.injected)
+    assert child.job(1)["success"], child.job(1)["error"]
+    assert child.job(2)["success"], child.job(2)["error"]
+    assert child.job(2)["data_ok"] == [True, True, True]
+    assert tmp_files(root) == []
+
+
+def test_o_direct_refused_true_fails_clearly(interposer: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    spec = {"root": str(root), "engine": {"o_direct": True}, "jobs": []}
+    child = run_child(interposer, spec, "open_direct", match=str(root), err=errno.EINVAL)
+    error = child.result["construct_error"]
+    assert error is not None, "o_direct=True must refuse a directory without O_DIRECT"
+    assert error["errno"] == errno.EINVAL
+    assert error["filename"] == str(root)
+    assert "o_direct" in error["message"].lower()
+
+
+def test_o_direct_refused_on_block_files_auto_falls_back_per_file(
+    interposer: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    if not direct_ok(root):
+        pytest.skip("O_DIRECT unsupported here; the probe itself would fall back")
+    spec = {
+        "root": str(root),
+        "engine": {"o_direct": "auto"},
+        "memory": "aligned",
+        "jobs": store_then_load(root, ["a", "b", "c"]),
+    }
+    child = run_child(interposer, spec, "open_direct", match="/blocks/", err=errno.EINVAL)
+    r = child.result
+    assert r["direct_io"] is True  # the probe was not hit
+    assert child.job(1)["success"], child.job(1)["error"]
+    assert child.job(2)["success"], child.job(2)["error"]
+    assert child.job(2)["data_ok"] == [True, True, True]
+    assert r["stats"]["o_direct_fallbacks"] == 6  # three stores and three loads
+    assert len(child.injected) >= 6
+    assert tmp_files(root) == []
+
+
+def test_o_direct_refused_on_block_files_true_fails_the_jobs(
+    interposer: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    if not direct_ok(root):
+        pytest.skip("O_DIRECT unsupported here; o_direct=True cannot even be constructed")
+    spec = {
+        "root": str(root),
+        "engine": {"o_direct": True},
+        "jobs": store_then_load(root, ["a", "b"]),
+    }
+    child = run_child(interposer, spec, "open_direct", match="/blocks/", err=errno.EINVAL)
+    store = child.job(1)
+    assert not store["success"]
+    assert store["errno"] == errno.EINVAL
+    assert store["operation"] == "open"
+    assert store["block_errnos"] == [errno.EINVAL, errno.EINVAL]
+    assert "/blocks/" in store["path"]
+    assert not child.job(2)["success"]
+    assert tmp_files(root) == []
+    assert not Path(block(root, "a")).exists()
+
+
+# --------------------------------------------------------------------------------------------
+# write path
+
+
+@pytest.mark.parametrize(
+    "o_direct,memory",
+    [(False, "aligned"), (False, "unaligned"), (True, "aligned"), (True, "unaligned")],
+)
+def test_eio_on_pwrite_fails_the_block_and_leaves_no_tmp(
+    interposer: Path, tmp_path: Path, o_direct: bool, memory: str
+) -> None:
+    root = tmp_path / "root"
+    if o_direct and not direct_ok(root):
+        pytest.skip("O_DIRECT unsupported here")
+    spec = {
+        "root": str(root),
+        "engine": {"o_direct": o_direct},
+        "memory": memory,
+        "jobs": store_then_load(root, ["a", "victim", "c"], ["a", "c"]),
+    }
+    child = run_child(interposer, spec, "pwrite", match="victim", err=errno.EIO)
+    store = child.job(1)
+    assert not store["success"]
+    assert store["block_errnos"] == [0, errno.EIO, 0]
+    assert store["errno"] == errno.EIO
+    assert store["operation"] == "pwrite"
+    assert store["path"].startswith(block(root, "victim"))
+    assert store["bytes"] == 2 * ROW
+    assert child.injected
+    assert tmp_files(root) == []
+    assert not Path(block(root, "victim")).exists()
+    # The blocks that were written are intact.
+    assert child.job(2)["success"], child.job(2)["error"]
+    assert child.job(2)["data_ok"] == [True, True]
+    stats = child.result["stats"]
+    assert stats["failed_store_jobs"] == 1 and stats["failed_store_blocks"] == 1
+
+
+@pytest.mark.parametrize("call", ["pwrite", "pread"])
+@pytest.mark.parametrize(
+    "o_direct,memory,limit",
+    [
+        (False, "aligned", 1000),
+        (False, "unaligned", 1),
+        (True, "aligned", 4096),
+        (True, "unaligned", 4096),
+    ],
+)
+def test_short_transfers_are_continued(
+    interposer: Path, tmp_path: Path, call: str, o_direct: bool, memory: str, limit: int
+) -> None:
+    root = tmp_path / "root"
+    if o_direct and not direct_ok(root):
+        pytest.skip("O_DIRECT unsupported here")
+    spec = {
+        "root": str(root),
+        "engine": {"o_direct": o_direct},
+        "memory": memory,
+        "jobs": store_then_load(root, ["a", "b"]),
+    }
+    child = run_child(interposer, spec, call, match="/blocks/", short=limit, times=200)
+    assert child.injected, "the interposer never shortened a call"
+    assert child.job(1)["success"], child.job(1)["error"]
+    assert child.job(2)["success"], child.job(2)["error"]
+    assert child.job(2)["data_ok"] == [True, True]
+    for name in ("a", "b"):
+        assert Path(block(root, name)).stat().st_size == 4096 + 4 * 4096
+
+
+@pytest.mark.parametrize("call", ["pwrite", "pread"])
+def test_eintr_is_retried(interposer: Path, tmp_path: Path, call: str) -> None:
+    root = tmp_path / "root"
+    spec = {"root": str(root), "jobs": store_then_load(root, ["a", "b"])}
+    child = run_child(interposer, spec, call, match="/blocks/", err=errno.EINTR, times=3)
+    assert len(child.injected) == 3
+    assert child.job(1)["success"], child.job(1)["error"]
+    assert child.job(2)["success"], child.job(2)["error"]
+    assert child.job(2)["data_ok"] == [True, True]
+
+
+def test_failing_rename_fails_the_store_and_leaves_nothing(
+    interposer: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    spec = {"root": str(root), "jobs": store_then_load(root, ["a", "b"])}
+    child = run_child(interposer, spec, "rename", match="/blocks/", err=errno.EIO)
+    store = child.job(1)
+    assert not store["success"]
+    assert store["operation"] == "rename"
+    assert store["errno"] == errno.EIO
+    assert store["block_errnos"] == [errno.EIO, errno.EIO]
+    assert child.injected
+    assert tmp_files(root) == []
+    assert not Path(block(root, "a")).exists()
+    load = child.job(2)
+    assert not load["success"] and load["errno"] == errno.ENOENT
+
+
+@pytest.mark.parametrize("err", [errno.ENOSYS, errno.EINVAL])
+def test_rename_without_noreplace_support_falls_back(
+    interposer: Path, tmp_path: Path, err: int
+) -> None:
+    root = tmp_path / "root"
+    spec = {"root": str(root), "jobs": store_then_load(root, ["a", "b"])}
+    child = run_child(interposer, spec, "renameat2", match="/blocks/", err=err)
+    assert any(line.startswith("kvtier-fault: renameat2") for line in child.injected)
+    assert child.job(1)["success"], child.job(1)["error"]
+    assert child.job(2)["data_ok"] == [True, True]
+    assert tmp_files(root) == []
+
+
+def test_fdatasync_failure_fails_the_store(interposer: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    spec = {
+        "root": str(root),
+        "engine": {"durability": "data"},
+        "jobs": store_then_load(root, ["a"]),
+    }
+    child = run_child(interposer, spec, "fdatasync", match="/blocks/", err=errno.EIO)
+    store = child.job(1)
+    assert not store["success"]
+    assert store["operation"] == "fdatasync"
+    assert store["errno"] == errno.EIO
+    assert tmp_files(root) == []
+    assert not Path(block(root, "a")).exists()
+
+
+@pytest.mark.parametrize("durability,synced", [("none", False), ("data", True), ("full", True)])
+def test_durability_decides_whether_data_is_synced(
+    interposer: Path, tmp_path: Path, durability: str, synced: bool
+) -> None:
+    """Whether fdatasync is called on block files, observed through the interposer."""
+    root = tmp_path / "root"
+    spec = {
+        "root": str(root),
+        "engine": {"durability": durability},
+        "jobs": store_then_load(root, ["a", "b"]),
+    }
+    # errno 0: the interposer only logs the matching calls and lets them through.
+    child = run_child(interposer, spec, "fdatasync", match="/blocks/", err=0)
+    assert child.job(1)["success"], child.job(1)["error"]
+    assert child.job(2)["data_ok"] == [True, True]
+    assert (len(child.injected) > 0) is synced
+
+
+def test_directory_fsync_failure_with_full_durability(interposer: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    spec = {
+        "root": str(root),
+        "engine": {"durability": "full"},
+        "jobs": store_then_load(root, ["a"]),
+    }
+    child = run_child(interposer, spec, "fsync", match="/blocks", err=errno.EIO)
+    store = child.job(1)
+    assert not store["success"]
+    assert store["operation"] == "fsync"
+    assert store["errno"] == errno.EIO
+    assert store["path"] == str(root / "blocks" / "ab")
+    assert tmp_files(root) == []
+
+
+def test_data_durability_does_not_sync_the_directory(interposer: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    spec = {
+        "root": str(root),
+        "engine": {"durability": "data"},
+        "jobs": store_then_load(root, ["a"]),
+    }
+    child = run_child(interposer, spec, "fsync", match="/blocks", err=errno.EIO)
+    assert child.injected == []
+    assert child.job(1)["success"], child.job(1)["error"]
+
+
+def test_mkdir_failure_fails_the_store(interposer: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    spec = {"root": str(root), "jobs": store_then_load(root, ["a"])}
+    child = run_child(interposer, spec, "mkdir", match="/blocks", err=errno.EACCES)
+    store = child.job(1)
+    assert not store["success"]
+    assert store["operation"] == "mkdir"
+    assert store["errno"] == errno.EACCES
+    assert store["path"] == str(root / "blocks" / "ab")
+    assert not (root / "blocks").exists()
+
+
+@pytest.mark.parametrize("err", [errno.EMFILE, errno.EACCES])
+def test_open_failure_fails_store_and_load(interposer: Path, tmp_path: Path, err: int) -> None:
+    root = tmp_path / "root"
+    spec = {"root": str(root), "jobs": store_then_load(root, ["a"])}
+    child = run_child(interposer, spec, "open", match="/blocks/", err=err)
+    for job_id in (1, 2):
+        c = child.job(job_id)
+        assert not c["success"]
+        assert c["operation"] == "open"
+        assert c["errno"] == err
+        assert c["path"].startswith(block(root, "a"))
+    assert tmp_files(root) == []
+
+
+# --------------------------------------------------------------------------------------------
+# read path
+
+
+@pytest.mark.parametrize("o_direct", [False, True])
+def test_eio_on_pread_fails_the_load_and_keeps_the_file(
+    interposer: Path, tmp_path: Path, o_direct: bool
+) -> None:
+    root = tmp_path / "root"
+    if o_direct and not direct_ok(root):
+        pytest.skip("O_DIRECT unsupported here")
+    spec = {
+        "root": str(root),
+        "engine": {"o_direct": o_direct},
+        "memory": "unaligned",
+        "jobs": store_then_load(root, ["a", "victim", "c"]),
+    }
+    child = run_child(interposer, spec, "pread", match="victim", err=errno.EIO)
+    assert child.job(1)["success"], child.job(1)["error"]
+    load = child.job(2)
+    assert not load["success"]
+    assert load["block_errnos"] == [0, errno.EIO, 0]
+    assert load["errno"] == errno.EIO
+    assert load["operation"] == "pread"
+    assert load["path"] == block(root, "victim")
+    assert load["data_ok"][0] and load["data_ok"][2]
+    assert load["bytes"] == 2 * ROW
+    # An I/O error is not evidence of a bad file: it stays for the next try.
+    assert Path(block(root, "victim")).exists()
+    stats = child.result["stats"]
+    assert stats["corrupt_files_removed"] == 0
+    assert stats["failed_load_jobs"] == 1 and stats["failed_load_blocks"] == 1
