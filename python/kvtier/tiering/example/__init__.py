@@ -1,0 +1,1 @@
+"""In-memory reference tier ("example")."""

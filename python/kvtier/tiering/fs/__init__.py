@@ -1,0 +1,1 @@
+"""File-system tier ("fs"): block files under a shared or local root directory."""

@@ -1,0 +1,301 @@
+"""FileSystemTierManager: KV blocks as files under a local or shared directory.
+
+The Python side only plans: it maps keys to paths and primary rows to addresses, and hands
+each job to the native engine (kvtier._core.Engine), whose worker threads move every byte
+with the GIL released. Results come back through a lock-free completion queue that
+get_finished() drains without blocking.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier import _core
+from kvtier.tiering.base import (
+    JobId,
+    JobMetadata,
+    JobResult,
+    OffloadKey,
+    ReqContext,
+    SecondaryTierManager,
+)
+from kvtier.tiering.fs.file_mapper import FileMapper, host_label
+from kvtier.tiering.fs.lookup import LookupCache
+from kvtier.tiering.fs.options import FsTierOptions
+from kvtier.tiering.fs.sweep import sweep_dead_tmp_files
+from kvtier.tiering.spec import OffloadingSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Job:
+    is_load: bool
+    keys: tuple[OffloadKey, ...]
+
+
+class _RateLimitedLog:
+    """At most ``burst`` messages per ``window`` seconds, so a dead disk cannot flood the log.
+
+    Suppressed messages are counted and the count is reported with the next one let through.
+    """
+
+    def __init__(self, burst: int = 10, window: float = 60.0) -> None:
+        self._burst = burst
+        self._window = window
+        self._lock = threading.Lock()
+        self._window_start = -float("inf")
+        self._emitted = 0
+        self._suppressed = 0
+
+    def warning(self, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._window_start >= self._window:
+                self._window_start, self._emitted = now, 0
+            if self._emitted >= self._burst:
+                self._suppressed += 1
+                return
+            self._emitted += 1
+            suppressed, self._suppressed = self._suppressed, 0
+        if suppressed:
+            logger.warning("%d similar messages suppressed", suppressed)
+        logger.warning(msg, *args)
+
+
+class FileSystemTierManager(SecondaryTierManager):
+    """Secondary tier that keeps each KV block in its own file (see docs/tiers.md).
+
+    Options (validated by :class:`~kvtier.tiering.fs.options.FsTierOptions`): ``root_dir``
+    (required), ``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
+    ``durability``, ``file_mode``, ``async_lookup``, ``max_queued_store_jobs``.
+    """
+
+    def __init__(
+        self,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str = "fs",
+        **options: Any,
+    ) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type)
+        # Options are taken as **options so that an unknown key is a ValueError naming the
+        # valid keys, also when the tier is constructed directly rather than by the factory.
+        self.options = FsTierOptions.parse(tier_type, options)
+        opts = self.options
+
+        # Rows are addressed as bytes whatever the view's element format. The view stays
+        # referenced by the base class, so the addresses stay valid for the tier's life.
+        self._base_address: int = _core.buffer_address(primary_kv_view, False)
+        try:
+            _core.buffer_address(primary_kv_view, True)
+            self._writable = True
+        except (BufferError, TypeError, ValueError):
+            self._writable = False
+
+        self.file_mapper = FileMapper(opts.root_dir, offloading_spec, self._block_size_bytes)
+        self.file_mapper.prepare(opts.file_mode)
+        # Crashed writers of this host leave tmp files; nobody else will ever rename them.
+        self._host = host_label()
+        sweep_dead_tmp_files(
+            [self.file_mapper.namespace_dir], [self.file_mapper.rank_dir], self._host
+        )
+
+        self._engine = _core.Engine(
+            self.file_mapper.rank_dir,
+            n_read_threads=opts.n_read_threads,
+            n_write_threads=opts.n_write_threads,
+            o_direct=opts.o_direct,
+            checksum=opts.checksum,
+            durability=opts.durability,
+            file_mode=opts.file_mode,
+            fingerprint=self.file_mapper.fingerprint,
+        )
+        if self._engine.o_direct_fallback_reason:
+            logger.warning(
+                "O_DIRECT is not usable under %s (%s); secondary tier '%s' uses buffered I/O",
+                self.file_mapper.rank_dir,
+                self._engine.o_direct_fallback_reason,
+                tier_type,
+            )
+
+        self._lookups = LookupCache(
+            self.file_mapper.get_file_name, opts.async_lookup, name="kvtier-lookup"
+        )
+        # Stop the resolver thread even if the tier is dropped without shutdown().
+        self._finalizer = weakref.finalize(self, self._lookups.close)
+
+        # _lock guards the job table, the ready list and the counters; _consumer_lock keeps
+        # pop_completions() single-consumer even if get_finished is misused concurrently.
+        self._lock = threading.Lock()
+        self._consumer_lock = threading.Lock()
+        self._jobs: dict[JobId, _Job] = {}
+        self._ready: list[JobResult] = []
+        self._queued_stores = 0
+        self._dropped_stores = 0
+        self._shut_down = False
+        self._failure_log = _RateLimitedLog()
+        logger.info(
+            "Secondary tier '%s' at %s (direct I/O: %s, %d read + %d write threads)",
+            tier_type,
+            self.file_mapper.rank_dir,
+            self._engine.direct_io,
+            opts.n_read_threads,
+            opts.n_write_threads,
+        )
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext | None = None) -> bool | None:
+        return self._lookups.lookup(key)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext | None = None) -> None:
+        # Files are never evicted by this tier, so recency has nothing to steer.
+        return
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def submit_store(self, job: JobMetadata) -> None:
+        self._submit(job, is_load=False)
+
+    def submit_load(self, job: JobMetadata) -> None:
+        if not self._writable:
+            raise ValueError(
+                f"Secondary tier '{self.tier_type}' cannot load: primary_kv_view is read-only"
+            )
+        self._submit(job, is_load=True)
+
+    def _submit(self, job: JobMetadata, is_load: bool) -> None:
+        block_ids = self._check_job(job)
+        keys = tuple(job.keys)
+        with self._lock:
+            self._check_open()
+            if job.job_id in self._jobs:
+                raise ValueError(f"Job {job.job_id} is already in flight")
+            if not is_load and self._queued_stores >= self.options.max_queued_store_jobs:
+                # Dropping is safe: a store that never happens is a later miss, never lost
+                # data, and it frees the primary slots instead of pinning them behind slow
+                # storage.
+                self._dropped_stores += 1
+                error = (
+                    f"submit_store: {os.strerror(errno.EAGAIN)} (errno {errno.EAGAIN}): store "
+                    f"queue full ({self._queued_stores} store jobs queued, "
+                    f"max_queued_store_jobs={self.options.max_queued_store_jobs})"
+                )
+                self._ready.append(JobResult(job.job_id, False, None, 0, 0.0, error))
+                self._failure_log.warning("Job %s block I/O failed: %s", job.job_id, error)
+                return
+            self._jobs[job.job_id] = _Job(is_load, keys)
+            if not is_load:
+                self._queued_stores += 1
+        try:
+            blocks = self._blocks(keys, block_ids)
+            if is_load:
+                self._engine.submit_load(job.job_id, blocks)
+            else:
+                self._engine.submit_store(job.job_id, blocks)
+        except BaseException:
+            with self._lock:
+                self._jobs.pop(job.job_id, None)
+                if not is_load:
+                    self._queued_stores -= 1
+            if self._engine.is_shut_down:
+                self._raise_shut_down()
+            raise
+
+    def _blocks(
+        self, keys: Sequence[OffloadKey], block_ids: Sequence[int]
+    ) -> list[tuple[str, bytes, int, int]]:
+        row = self._block_size_bytes
+        base = self._base_address
+        path_of = self.file_mapper.get_file_name
+        return [(path_of(k), k, base + b * row, row) for k, b in zip(keys, block_ids)]
+
+    def get_finished(self) -> list[JobResult]:
+        self._collect()
+        with self._lock:
+            results, self._ready = self._ready, []
+        return results
+
+    def _collect(self) -> None:
+        """Move finished engine jobs into the ready list (their store slots count as free)."""
+        with self._consumer_lock:
+            completions = self._engine.pop_completions()
+            if not completions:
+                return
+            with self._lock:
+                jobs = [self._jobs.pop(c.job_id, None) for c in completions]
+            results = [self._result(c, job) for c, job in zip(completions, jobs)]
+            with self._lock:
+                self._queued_stores -= sum(1 for j in jobs if j is not None and not j.is_load)
+                self._ready.extend(results)
+
+    def _result(self, c: Any, job: _Job | None) -> JobResult:
+        keys: tuple[OffloadKey, ...] = job.keys if job is not None else ()
+        errnos = c.block_errnos
+        ok_keys = [k for k, e in zip(keys, errnos) if e == 0]
+        # Files that exist are worth remembering; a load that failed verification or found no
+        # file means the block is gone (the core removed a corrupt file).
+        self._lookups.mark_present(ok_keys)
+        if job is not None and job.is_load:
+            self._lookups.mark_absent(k for k, e in zip(keys, errnos) if e != 0)
+        if c.success:
+            return JobResult(c.job_id, True, None, c.bytes, c.seconds)
+        self._failure_log.warning("Job %s block I/O failed: %s", c.job_id, c.error)
+        successful = ok_keys if job is not None and job.is_load else None
+        return JobResult(c.job_id, False, successful, c.bytes, c.seconds, c.error)
+
+    def drain_jobs(self) -> None:
+        self._engine.drain()
+        # Collect now: drained stores stop counting against max_queued_store_jobs before the
+        # caller's next get_finished().
+        self._collect()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Running block operations finish, queued ones fail (ECANCELED); idempotent.
+
+        Results of every job stay available from get_finished().
+        """
+        with self._lock:
+            self._shut_down = True
+        self._finalizer()  # stops and joins the lookup thread (once)
+        self._engine.shutdown()
+
+    @property
+    def is_shut_down(self) -> bool:
+        return self._shut_down
+
+    def _check_open(self) -> None:
+        if self._shut_down:
+            self._raise_shut_down()
+
+    def _raise_shut_down(self) -> None:
+        raise RuntimeError(
+            f"Secondary tier '{self.tier_type}' is shut down; submit_store/submit_load refused"
+        )
+
+    def stats(self) -> dict[str, int]:
+        """Engine counters plus lookup and dropped-store counts."""
+        stats: dict[str, int] = dict(self._engine.stats())
+        stats.update(self._lookups.stats())
+        with self._lock:
+            stats["dropped_store_jobs"] = self._dropped_stores
+            stats["queued_store_jobs"] = self._queued_stores
+        return stats
+
+    @property
+    def direct_io(self) -> bool:
+        return bool(self._engine.direct_io)
+
+
+__all__ = ["FileSystemTierManager"]

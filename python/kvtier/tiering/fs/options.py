@@ -1,0 +1,155 @@
+"""Options of the fs tier: parsed and validated once, with errors that say what to write.
+
+Values may come from Python, JSON or YAML, so strings such as ``"16"``, ``"true"`` and
+``"0640"`` are accepted where an int, a bool or a file mode is expected.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+_TRUE = frozenset({"true", "yes", "on", "1"})
+_FALSE = frozenset({"false", "no", "off", "0"})
+_MAX_THREADS = 1024  # the native engine's own limit
+
+
+@dataclass(frozen=True)
+class FsTierOptions:
+    """Validated options of a :class:`~kvtier.tiering.fs.manager.FileSystemTierManager`."""
+
+    root_dir: str
+    n_read_threads: int = 16
+    n_write_threads: int = 16
+    o_direct: Literal["auto"] | bool = "auto"
+    checksum: Literal["crc32c", "none"] = "crc32c"
+    durability: Literal["none", "data", "full"] = "none"
+    file_mode: int = 0o600
+    async_lookup: bool = False
+    max_queued_store_jobs: int = 1024
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def parse(cls, tier_type: str, raw: Mapping[str, Any]) -> FsTierOptions:
+        """Validate raw option values; raises ValueError naming the option and what it takes."""
+        unknown = sorted(k for k in raw if k not in cls.option_names())
+        if unknown:
+            noun = "option" if len(unknown) == 1 else "options"
+            names = ", ".join(repr(k) for k in unknown)
+            raise ValueError(
+                f"Unknown {noun} {names} for secondary tier '{tier_type}'. "
+                f"Valid options: {cls.option_names()}"
+            )
+        p = _Parser(tier_type)
+        defaults = cls.__dataclass_fields__
+        get = lambda name: raw.get(name, defaults[name].default)
+        n_read = p.integer("n_read_threads", get("n_read_threads"), 0, _MAX_THREADS)
+        n_write = p.integer("n_write_threads", get("n_write_threads"), 0, _MAX_THREADS)
+        if n_read + n_write == 0:
+            raise ValueError(
+                f"Secondary tier '{tier_type}': n_read_threads + n_write_threads must be at least 1"
+            )
+        return cls(
+            root_dir=p.root_dir(raw.get("root_dir")),
+            n_read_threads=n_read,
+            n_write_threads=n_write,
+            o_direct=p.o_direct(get("o_direct")),
+            checksum=p.choice("checksum", get("checksum"), ("crc32c", "none")),
+            durability=p.choice("durability", get("durability"), ("none", "data", "full")),
+            file_mode=p.file_mode(get("file_mode")),
+            async_lookup=p.boolean("async_lookup", get("async_lookup")),
+            max_queued_store_jobs=p.integer(
+                "max_queued_store_jobs", get("max_queued_store_jobs"), 0, None
+            ),
+        )
+
+
+class _Parser:
+    def __init__(self, tier_type: str) -> None:
+        self.tier_type = tier_type
+
+    def _error(self, name: str, expected: str, value: Any) -> ValueError:
+        return ValueError(
+            f"Invalid value {value!r} for option '{name}' of secondary tier "
+            f"'{self.tier_type}': expected {expected}"
+        )
+
+    def root_dir(self, value: Any) -> str:
+        if value is None:
+            raise ValueError(
+                f"Secondary tier '{self.tier_type}' requires option 'root_dir' (a directory "
+                "path for block files)"
+            )
+        if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+            raise self._error("root_dir", "a non-empty directory path", value)
+        path = os.fspath(value)
+        if isinstance(path, bytes):
+            raise self._error("root_dir", "a str path", value)
+        return os.path.abspath(os.path.expanduser(path))
+
+    def integer(self, name: str, value: Any, lo: int, hi: int | None) -> int:
+        span = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+        if isinstance(value, bool):  # bool is an int subclass; True threads is a mistake
+            raise self._error(name, span, value)
+        if isinstance(value, str):
+            try:
+                value = int(value.strip(), 10)
+            except ValueError:
+                raise self._error(name, span, value) from None
+        if not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+            raise self._error(name, span, value)
+        return value
+
+    def boolean(self, name: str, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+        raise self._error(name, "true or false", value)
+
+    def choice(self, name: str, value: Any, choices: tuple[str, ...]) -> Any:
+        if isinstance(value, str) and value.strip().lower() in choices:
+            return value.strip().lower()
+        raise self._error(name, f"one of {list(choices)}", value)
+
+    def o_direct(self, value: Any) -> Literal["auto"] | bool:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return self.boolean("o_direct", value)
+        except ValueError:
+            raise self._error("o_direct", "'auto', true or false", value) from None
+
+    def file_mode(self, value: Any) -> int:
+        expected = (
+            "permission bits as an int (0o640) or an octal string ('0640'), including owner "
+            "read and write (0o600)"
+        )
+        if isinstance(value, bool):
+            raise self._error("file_mode", expected, value)
+        if isinstance(value, str):
+            text = value.strip().lower().removeprefix("0o")
+            try:
+                value = int(text, 8)
+            except ValueError:
+                raise self._error("file_mode", expected, value) from None
+        if not isinstance(value, int) or not 0 <= value <= 0o777:
+            # A decimal 640 from YAML/JSON lands here: it is 0o1200, not 0o640.
+            raise self._error("file_mode", expected, value)
+        if value & 0o600 != 0o600:
+            raise self._error("file_mode", expected, oct(value))
+        return value
+
+
+__all__ = ["FsTierOptions"]

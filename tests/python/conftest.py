@@ -1,0 +1,38 @@
+"""Shared pytest helpers for the kvtier Python tests (keep small; add fixtures per area)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import pytest
+
+# Upper bound on any wait for asynchronous results: generous, so a slow shared CI machine
+# does not fail; a hang still ends as a failure instead of a stuck run.
+WAIT_SECONDS = 60.0
+
+
+def _collect_results(tier, job_ids: Iterable[int], timeout: float = WAIT_SECONDS) -> dict:
+    """Poll ``tier.get_finished()`` until every id in ``job_ids`` is reported.
+
+    Returns ``{job_id: JobResult}``; fails the test if an id is reported twice, an unexpected
+    id appears, or the deadline passes.
+    """
+    wanted = set(job_ids)
+    results: dict = {}
+    deadline = time.monotonic() + timeout
+    while wanted - results.keys():
+        for r in tier.get_finished():
+            assert r.job_id not in results, f"job {r.job_id} reported twice"
+            assert r.job_id in wanted, f"unexpected job {r.job_id} reported"
+            results[r.job_id] = r
+        if not wanted - results.keys():
+            break
+        assert time.monotonic() < deadline, f"jobs not finished: {wanted - results.keys()}"
+        time.sleep(0.002)
+    return results
+
+
+@pytest.fixture
+def collect_results() -> Callable[..., dict]:
+    return _collect_results
