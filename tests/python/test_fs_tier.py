@@ -351,7 +351,7 @@ def test_concurrent_submitters_each_job_reported_once(make_tier, collect_results
 
 SHUTDOWN_CHILD = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, sys, time
     import numpy as np
     from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
     from kvtier.tiering.factory import SecondaryTierFactory
@@ -372,6 +372,10 @@ SHUTDOWN_CHILD = textwrap.dedent(
         {"type": "fs", "root_dir": sys.argv[1], "n_read_threads": 1, "n_write_threads": 1,
          "async_lookup": True},
         memoryview(data), OffloadingSpec(model_name="m", dtype="f16"))
+    # Workers name themselves once they run: give them a moment to appear.
+    deadline = time.monotonic() + 30
+    while len(native_threads()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     running = len(native_threads())
     k = lambda i: make_offload_key(i.to_bytes(32, "big"), 0)
     n = 0

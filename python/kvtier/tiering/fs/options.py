@@ -37,23 +37,11 @@ class FsTierOptions:
     @classmethod
     def parse(cls, tier_type: str, raw: Mapping[str, Any]) -> FsTierOptions:
         """Validate raw option values; raises ValueError naming the option and what it takes."""
-        unknown = sorted(k for k in raw if k not in cls.option_names())
-        if unknown:
-            noun = "option" if len(unknown) == 1 else "options"
-            names = ", ".join(repr(k) for k in unknown)
-            raise ValueError(
-                f"Unknown {noun} {names} for secondary tier '{tier_type}'. "
-                f"Valid options: {cls.option_names()}"
-            )
-        p = _Parser(tier_type)
+        p = OptionParser(f"secondary tier '{tier_type}'", cls.option_names())
+        p.reject_unknown(raw)
         defaults = cls.__dataclass_fields__
-        get = lambda name: raw.get(name, defaults[name].default)
-        n_read = p.integer("n_read_threads", get("n_read_threads"), 0, _MAX_THREADS)
-        n_write = p.integer("n_write_threads", get("n_write_threads"), 0, _MAX_THREADS)
-        if n_read + n_write == 0:
-            raise ValueError(
-                f"Secondary tier '{tier_type}': n_read_threads + n_write_threads must be at least 1"
-            )
+        get = lambda name: raw.get(name, defaults[name].default)  # noqa: E731
+        n_read, n_write = p.thread_counts(get("n_read_threads"), get("n_write_threads"))
         return cls(
             root_dir=p.root_dir(raw.get("root_dir")),
             n_read_threads=n_read,
@@ -69,40 +57,61 @@ class FsTierOptions:
         )
 
 
-class _Parser:
-    def __init__(self, tier_type: str) -> None:
-        self.tier_type = tier_type
+class OptionParser:
+    """Parses the storage options shared by the fs tier and GPUStorageTransfer.
 
-    def _error(self, name: str, expected: str, value: Any) -> ValueError:
+    ``owner`` names what is being configured in messages, e.g. "secondary tier 'fs'".
+    """
+
+    def __init__(self, owner: str, valid_names: list[str]) -> None:
+        self.owner = owner
+        self.valid_names = valid_names
+
+    def error(self, name: str, expected: str, value: Any) -> ValueError:
         return ValueError(
-            f"Invalid value {value!r} for option '{name}' of secondary tier "
-            f"'{self.tier_type}': expected {expected}"
+            f"Invalid value {value!r} for option '{name}' of {self.owner}: expected {expected}"
         )
+
+    def reject_unknown(self, raw: Mapping[str, Any]) -> None:
+        unknown = sorted(k for k in raw if k not in self.valid_names)
+        if unknown:
+            noun = "option" if len(unknown) == 1 else "options"
+            names = ", ".join(repr(k) for k in unknown)
+            raise ValueError(
+                f"Unknown {noun} {names} for {self.owner}. Valid options: {self.valid_names}"
+            )
+
+    def thread_counts(self, n_read: Any, n_write: Any) -> tuple[int, int]:
+        n_read = self.integer("n_read_threads", n_read, 0, _MAX_THREADS)
+        n_write = self.integer("n_write_threads", n_write, 0, _MAX_THREADS)
+        if n_read + n_write == 0:
+            raise ValueError(f"{self.owner}: n_read_threads + n_write_threads must be at least 1")
+        return n_read, n_write
 
     def root_dir(self, value: Any) -> str:
         if value is None:
             raise ValueError(
-                f"Secondary tier '{self.tier_type}' requires option 'root_dir' (a directory "
-                "path for block files)"
+                f"{self.owner[0].upper()}{self.owner[1:]} requires option 'root_dir' (a "
+                "directory path for block files)"
             )
         if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-            raise self._error("root_dir", "a non-empty directory path", value)
+            raise self.error("root_dir", "a non-empty directory path", value)
         path = os.fspath(value)
         if isinstance(path, bytes):
-            raise self._error("root_dir", "a str path", value)
+            raise self.error("root_dir", "a str path", value)
         return os.path.abspath(os.path.expanduser(path))
 
     def integer(self, name: str, value: Any, lo: int, hi: int | None) -> int:
         span = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
         if isinstance(value, bool):  # bool is an int subclass; True threads is a mistake
-            raise self._error(name, span, value)
+            raise self.error(name, span, value)
         if isinstance(value, str):
             try:
                 value = int(value.strip(), 10)
             except ValueError:
-                raise self._error(name, span, value) from None
+                raise self.error(name, span, value) from None
         if not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-            raise self._error(name, span, value)
+            raise self.error(name, span, value)
         return value
 
     def boolean(self, name: str, value: Any) -> bool:
@@ -116,12 +125,12 @@ class _Parser:
                 return True
             if text in _FALSE:
                 return False
-        raise self._error(name, "true or false", value)
+        raise self.error(name, "true or false", value)
 
     def choice(self, name: str, value: Any, choices: tuple[str, ...]) -> Any:
         if isinstance(value, str) and value.strip().lower() in choices:
             return value.strip().lower()
-        raise self._error(name, f"one of {list(choices)}", value)
+        raise self.error(name, f"one of {list(choices)}", value)
 
     def o_direct(self, value: Any) -> Literal["auto"] | bool:
         if isinstance(value, str) and value.strip().lower() == "auto":
@@ -129,7 +138,7 @@ class _Parser:
         try:
             return self.boolean("o_direct", value)
         except ValueError:
-            raise self._error("o_direct", "'auto', true or false", value) from None
+            raise self.error("o_direct", "'auto', true or false", value) from None
 
     def file_mode(self, value: Any) -> int:
         expected = (
@@ -137,19 +146,19 @@ class _Parser:
             "read and write (0o600)"
         )
         if isinstance(value, bool):
-            raise self._error("file_mode", expected, value)
+            raise self.error("file_mode", expected, value)
         if isinstance(value, str):
             text = value.strip().lower().removeprefix("0o")
             try:
                 value = int(text, 8)
             except ValueError:
-                raise self._error("file_mode", expected, value) from None
+                raise self.error("file_mode", expected, value) from None
         if not isinstance(value, int) or not 0 <= value <= 0o777:
             # A decimal 640 from YAML/JSON lands here: it is 0o1200, not 0o640.
-            raise self._error("file_mode", expected, value)
+            raise self.error("file_mode", expected, value)
         if value & 0o600 != 0o600:
-            raise self._error("file_mode", expected, oct(value))
+            raise self.error("file_mode", expected, oct(value))
         return value
 
 
-__all__ = ["FsTierOptions"]
+__all__ = ["FsTierOptions", "OptionParser"]

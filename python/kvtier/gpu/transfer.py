@@ -1,0 +1,173 @@
+"""GPUStorageTransfer: a worker's KV cache (GPU or CPU tensors) to block files and back.
+
+Bytes never pass through Python: block ids become per-layer segments in the native engine,
+whose workers gather them into pinned staging buffers with CUDA async copies (memcpy for CPU
+tensors) and write them with the same file format, paths and namespace as the ``fs`` tier.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from kvtier import _core
+from kvtier.gpu.layout import describe_kv_caches
+from kvtier.gpu.options import GPUTransferOptions
+from kvtier.tiering.base import JobId, JobResult, OffloadKey
+from kvtier.tiering.fs.file_mapper import FileMapper
+from kvtier.tiering.spec import OffloadingSpec
+
+logger = logging.getLogger(__name__)
+
+
+def cuda_available() -> bool:
+    """Whether the GPU path is live: a CUDA runtime and at least one device are present."""
+    return bool(_core.cuda_available())
+
+
+class GPUStorageTransfer:
+    """Stores blocks of ``kv_caches`` into files and loads them back, asynchronously.
+
+    ``kv_caches`` is a list of tensors (all CUDA tensors on one device, or all CPU tensors) in
+    which dimension ``block_dim`` indexes blocks. ``options`` are the fs tier's storage
+    options (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
+    ``durability``, ``file_mode``) plus ``staging_bytes_total``, ``staging_buffer_bytes`` and
+    ``numa_bind``. With the same ``offloading_spec`` and ``root_dir`` an ``fs`` tier whose
+    primary rows are ``block_bytes`` long reads and writes the same files.
+    """
+
+    def __init__(
+        self,
+        kv_caches: Sequence[Any],
+        offloading_spec: OffloadingSpec,
+        root_dir: str,
+        block_dim: int = 0,
+        **options: Any,
+    ) -> None:
+        self.options = GPUTransferOptions.parse({"root_dir": root_dir, **options})
+        opts = self.options
+        # The tensors stay referenced: the engine holds raw addresses into them.
+        self.kv_caches = list(kv_caches)
+        described = describe_kv_caches(self.kv_caches, block_dim)
+        devices = {str(t.device) for t in self.kv_caches}
+        if len(devices) != 1:
+            raise ValueError(f"kv_caches must all live on one device, got {sorted(devices)}")
+        self._on_gpu = described[0].is_device
+        self.device = self.kv_caches[0].device
+        if self._on_gpu and not cuda_available():
+            raise RuntimeError(
+                "kv_caches are CUDA tensors but kvtier found no usable CUDA runtime: "
+                + _core.cuda_unavailable_reason()
+            )
+        self.layout = _core.BlockLayout(
+            [
+                (d.address, d.block_stride, d.num_blocks, list(d.runs), d.is_device)
+                for d in described
+            ]
+        )
+        self.block_bytes: int = self.layout.payload_length
+        self.num_blocks: int = self.layout.num_blocks
+
+        self.file_mapper = FileMapper(opts.root_dir, offloading_spec, self.block_bytes)
+        self.file_mapper.prepare(opts.file_mode)
+        self._engine = _core.Engine(
+            self.file_mapper.rank_dir,
+            n_read_threads=opts.n_read_threads,
+            n_write_threads=opts.n_write_threads,
+            o_direct=opts.o_direct,
+            checksum=opts.checksum,
+            durability=opts.durability,
+            file_mode=opts.file_mode,
+            fingerprint=self.file_mapper.fingerprint,
+            staging_bytes_total=opts.staging_bytes_total,
+            staging_buffer_bytes=opts.staging_buffer_bytes,
+            use_cuda=self._on_gpu,
+            cuda_device=self.device.index if self._on_gpu and self.device.index is not None else -1,
+            numa_bind=opts.numa_bind,
+        )
+        if self._engine.o_direct_fallback_reason:
+            logger.warning(
+                "O_DIRECT unavailable under %s (%s); using buffered I/O",
+                self.file_mapper.rank_dir,
+                self._engine.o_direct_fallback_reason,
+            )
+        self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
+        self._lock = threading.Lock()
+
+    # ---- jobs ------------------------------------------------------------------------------
+    def store(self, job_id: JobId, block_ids: Sequence[int], keys: Sequence[OffloadKey]) -> None:
+        """Write blocks ``block_ids`` as ``keys``; returns at once. On a GPU, the copies start
+        after the work already queued on the caller's current CUDA stream."""
+        self._submit(job_id, block_ids, keys, _core.Direction.STORE)
+
+    def load(self, job_id: JobId, block_ids: Sequence[int], keys: Sequence[OffloadKey]) -> None:
+        """Read ``keys`` into blocks ``block_ids``; returns at once. A block is usable once
+        its job is reported by get_finished() (the copies have completed by then)."""
+        self._submit(job_id, block_ids, keys, _core.Direction.LOAD)
+
+    def _submit(
+        self, job_id: JobId, block_ids: Sequence[int], keys: Sequence[OffloadKey], direction: Any
+    ) -> None:
+        ids = [int(b) for b in block_ids]
+        keys = tuple(bytes(k) for k in keys)
+        if len(ids) != len(keys):
+            raise ValueError(f"job {job_id}: {len(ids)} block_ids but {len(keys)} keys")
+        bad = [b for b in ids if not 0 <= b < self.num_blocks]
+        if bad:
+            raise ValueError(
+                f"job {job_id}: block ids {bad[:5]} out of range [0, {self.num_blocks})"
+            )
+        paths = [self.file_mapper.get_file_name(k) for k in keys]
+        stream = 0
+        if self._on_gpu and direction == _core.Direction.STORE:
+            import torch  # only GPU callers get here, and they have torch
+
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+        with self._lock:
+            if job_id in self._keys:
+                raise ValueError(f"job id {job_id} is already in flight")
+            self._keys[job_id] = keys
+        try:
+            self._engine.submit_blocks(
+                job_id, direction, paths, list(keys), ids, self.layout, stream
+            )
+        except BaseException:
+            with self._lock:
+                del self._keys[job_id]
+            raise
+
+    def get_finished(self) -> list[JobResult]:
+        """Every submitted job exactly once, as it finishes; never blocks."""
+        results = []
+        for c in self._engine.pop_completions():
+            with self._lock:
+                keys = self._keys.pop(c.job_id, ())
+            successful = None
+            if not c.success and c.direction == _core.Direction.LOAD:
+                successful = [k for k, e in zip(keys, c.block_errnos) if e == 0]
+            if not c.success:
+                logger.warning("Job %s block I/O failed: %s", c.job_id, c.error)
+            results.append(
+                JobResult(
+                    c.job_id,
+                    c.success,
+                    successful_keys=successful,
+                    transfer_bytes=c.bytes,
+                    transfer_time=c.seconds,
+                    error=c.error,
+                )
+            )
+        return results
+
+    def drain(self) -> None:
+        """Block until every submitted job has finished (results stay for get_finished)."""
+        self._engine.drain()
+
+    def shutdown(self) -> None:
+        """Running block operations finish, queued ones fail (ECANCELED); idempotent."""
+        self._engine.shutdown()
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._engine.stats())
