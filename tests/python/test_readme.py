@@ -1,0 +1,29 @@
+"""The README is a contract too: its commands and examples must be the ones that work."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _text() -> str:
+    return README.read_text()
+
+
+def test_ci_marker_matches_the_visible_test_command():
+    text = _text()
+    marker = re.search(r"<!-- test-command: (.*) -->", text)
+    assert marker, "README.md lacks the test-command marker that .ci/run executes"
+    shell_blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    assert marker.group(1).strip() in [b.strip() for b in shell_blocks]
+
+
+def test_fs_tier_example_runs(tmp_path, monkeypatch):
+    blocks = re.findall(r"```python\n(.*?)```", _text(), re.S)
+    example = next(b for b in blocks if "create_secondary_tier" in b)
+    assert "/mnt/nvme/kvcache" in example
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example.replace("/mnt/nvme/kvcache", str(tmp_path / "kv")), "README", "exec"), {})
+    assert list((tmp_path / "kv").rglob("*.kvb")), "the example stored no block file"
