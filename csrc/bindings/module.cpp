@@ -102,8 +102,8 @@ PYBIND11_MODULE(_core, m) {
       if (p) std::rethrow_exception(p);
     } catch (const kvtier::SystemError& e) {
       const int code = e.code().value();
-      py::object error = py::reinterpret_steal<py::object>(PyObject_CallFunction(
-          PyExc_OSError, "isO", code, e.what(), py::str(e.path()).ptr()));
+      py::object error = py::reinterpret_steal<py::object>(
+          PyObject_CallFunction(PyExc_OSError, "isO", code, e.what(), py::str(e.path()).ptr()));
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
     }
   });
@@ -118,32 +118,36 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("success", &kvtier::Completion::success)
       .def_readonly("block_errnos", &kvtier::Completion::block_errnos,
                     "Per block, in submission order: 0 on success, else an errno value.")
-      .def_property_readonly("errno", [](const kvtier::Completion& c) { return c.error.errno_value; })
-      .def_property_readonly("operation", [](const kvtier::Completion& c) { return c.error.operation; })
+      .def_property_readonly("errno",
+                             [](const kvtier::Completion& c) { return c.error.errno_value; })
+      .def_property_readonly("operation",
+                             [](const kvtier::Completion& c) { return c.error.operation; })
       .def_property_readonly("path", [](const kvtier::Completion& c) { return c.error.path; })
       .def_property_readonly("message", [](const kvtier::Completion& c) { return c.error.message; })
-      .def_property_readonly("error",
-                             [](const kvtier::Completion& c) -> py::object {
-                               if (c.success) return py::none();
-                               std::string text = c.error.operation + " " + c.error.path + ": " +
-                                                  std::strerror(c.error.errno_value) + " (errno " +
-                                                  std::to_string(c.error.errno_value) + ")";
-                               if (!c.error.message.empty()) text += ": " + c.error.message;
-                               return py::str(text);
-                             },
-                             "The first error as one line of text, or None.")
+      .def_property_readonly(
+          "error",
+          [](const kvtier::Completion& c) -> py::object {
+            if (c.success) return py::none();
+            std::string text = c.error.operation + " " + c.error.path + ": " +
+                               std::strerror(c.error.errno_value) + " (errno " +
+                               std::to_string(c.error.errno_value) + ")";
+            if (!c.error.message.empty()) text += ": " + c.error.message;
+            return py::str(text);
+          },
+          "The first error as one line of text, or None.")
       .def_readonly("bytes", &kvtier::Completion::bytes)
       .def_readonly("seconds", &kvtier::Completion::seconds)
       .def("__repr__", [](const kvtier::Completion& c) {
         return "Completion(job_id=" + std::to_string(c.job_id) +
-               ", success=" + (c.success ? "True" : "False") + ", bytes=" + std::to_string(c.bytes) +
-               ")";
+               ", success=" + (c.success ? "True" : "False") +
+               ", bytes=" + std::to_string(c.bytes) + ")";
       });
 
   py::class_<kvtier::BlockLayout>(m, "BlockLayout",
                                   "Where each block's bytes live across memory regions.")
       .def(py::init([](const py::sequence& regions) {
-             // regions: (base_address, block_stride, num_blocks, [(offset, length), ...], is_device)
+             // regions: (base_address, block_stride, num_blocks, [(offset, length), ...],
+             // is_device)
              std::vector<kvtier::Region> out;
              for (const py::handle item : regions) {
                auto t = py::reinterpret_borrow<py::sequence>(item);
@@ -166,24 +170,25 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("payload_length", &kvtier::BlockLayout::payload_length)
       .def_property_readonly("num_blocks", &kvtier::BlockLayout::num_blocks)
       .def_property_readonly("has_device_memory", &kvtier::BlockLayout::has_device_memory)
-      .def("segments",
-           [](const kvtier::BlockLayout& layout, std::size_t block) {
-             std::vector<std::tuple<std::uintptr_t, std::size_t, bool>> out;
-             for (const kvtier::Segment& seg : layout.segments(block))
-               out.emplace_back(reinterpret_cast<std::uintptr_t>(seg.address), seg.length,
-                                seg.kind == kvtier::MemoryKind::kDevice);
-             return out;
-           },
-           "block"_a, "(address, length, is_device) of each segment of a block.");
+      .def(
+          "segments",
+          [](const kvtier::BlockLayout& layout, std::size_t block) {
+            std::vector<std::tuple<std::uintptr_t, std::size_t, bool>> out;
+            for (const kvtier::Segment& seg : layout.segments(block))
+              out.emplace_back(reinterpret_cast<std::uintptr_t>(seg.address), seg.length,
+                               seg.kind == kvtier::MemoryKind::kDevice);
+            return out;
+          },
+          "block"_a, "(address, length, is_device) of each segment of a block.");
 
   py::class_<kvtier::Engine>(m, "Engine", "Worker pool that stores and loads block files.")
       .def(py::init([](const std::string& root_dir, unsigned n_read_threads,
                        unsigned n_write_threads, const py::object& o_direct,
                        const std::string& checksum, const std::string& durability,
                        unsigned file_mode, const py::bytes& fingerprint,
-                       unsigned max_stores_in_flight_while_loading,
-                       std::size_t staging_bytes_total, std::size_t staging_buffer_bytes,
-                       bool use_cuda, int cuda_device, bool numa_bind, bool completion_eventfd) {
+                       unsigned max_stores_in_flight_while_loading, std::size_t staging_bytes_total,
+                       std::size_t staging_buffer_bytes, bool use_cuda, int cuda_device,
+                       bool numa_bind, bool completion_eventfd) {
              kvtier::EngineConfig c;
              c.root_dir = root_dir;
              c.n_read_threads = n_read_threads;
@@ -206,22 +211,24 @@ PYBIND11_MODULE(_core, m) {
            "root_dir"_a = "", py::kw_only(), "n_read_threads"_a = 16, "n_write_threads"_a = 16,
            "o_direct"_a = "auto", "checksum"_a = "crc32c", "durability"_a = "none",
            "file_mode"_a = 0600, "fingerprint"_a = py::bytes(),
-           "max_stores_in_flight_while_loading"_a = 2, "staging_bytes_total"_a = std::size_t{64} << 20,
+           "max_stores_in_flight_while_loading"_a = 2,
+           "staging_bytes_total"_a = std::size_t{64} << 20,
            "staging_buffer_bytes"_a = std::size_t{2} << 20, "use_cuda"_a = false,
-           "cuda_device"_a = -1, "numa_bind"_a = false,
-           "completion_eventfd"_a = false)
-      .def("submit_store",
-           [](kvtier::Engine& e, kvtier::JobId id, const py::sequence& blocks) {
-             submit(e, id, kvtier::Direction::kStore, blocks);
-           },
-           "job_id"_a, "blocks"_a,
-           "Queue a store of (path, key, address, length) blocks; returns at once.")
-      .def("submit_load",
-           [](kvtier::Engine& e, kvtier::JobId id, const py::sequence& blocks) {
-             submit(e, id, kvtier::Direction::kLoad, blocks);
-           },
-           "job_id"_a, "blocks"_a,
-           "Queue a load of (path, key, address, length) blocks; returns at once.")
+           "cuda_device"_a = -1, "numa_bind"_a = false, "completion_eventfd"_a = false)
+      .def(
+          "submit_store",
+          [](kvtier::Engine& e, kvtier::JobId id, const py::sequence& blocks) {
+            submit(e, id, kvtier::Direction::kStore, blocks);
+          },
+          "job_id"_a, "blocks"_a,
+          "Queue a store of (path, key, address, length) blocks; returns at once.")
+      .def(
+          "submit_load",
+          [](kvtier::Engine& e, kvtier::JobId id, const py::sequence& blocks) {
+            submit(e, id, kvtier::Direction::kLoad, blocks);
+          },
+          "job_id"_a, "blocks"_a,
+          "Queue a load of (path, key, address, length) blocks; returns at once.")
       .def("submit_blocks", &submit_blocks, "job_id"_a, "direction"_a, "paths"_a, "keys"_a,
            "block_ids"_a, "layout"_a, "cuda_stream"_a = 0,
            "Queue a job over blocks of a BlockLayout; cuda_stream orders stores of device memory "
@@ -233,8 +240,7 @@ PYBIND11_MODULE(_core, m) {
       .def("stats", [](const kvtier::Engine& e) { return stats_to_dict(e.stats()); })
       .def_property_readonly("is_shut_down", &kvtier::Engine::is_shut_down)
       .def_property_readonly("direct_io", &kvtier::Engine::direct_io)
-      .def_property_readonly("o_direct_fallback_reason",
-                             &kvtier::Engine::o_direct_fallback_reason)
+      .def_property_readonly("o_direct_fallback_reason", &kvtier::Engine::o_direct_fallback_reason)
       .def_property_readonly("eventfd", &kvtier::Engine::completion_eventfd)
       .def_property_readonly("cuda_enabled", &kvtier::Engine::cuda_enabled)
       .def_property_readonly("numa_node", &kvtier::Engine::numa_node);
@@ -262,7 +268,8 @@ PYBIND11_MODULE(_core, m) {
         std::vector<bool> exist(paths.size());
         py::gil_scoped_release release;  // one stat per path: may be slow on a shared FS
         struct stat st;
-        for (std::size_t i = 0; i < paths.size(); ++i) exist[i] = ::stat(paths[i].c_str(), &st) == 0;
+        for (std::size_t i = 0; i < paths.size(); ++i)
+          exist[i] = ::stat(paths[i].c_str(), &st) == 0;
         return exist;
       },
       "paths"_a, "Whether each path exists (stat), with the GIL released.");

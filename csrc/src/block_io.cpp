@@ -96,7 +96,8 @@ class SegmentCopier {
   StepError wait_for(cuda::Event ready) {
     if (ready == nullptr || ctx_.cuda == nullptr) return {};
     cuda::Stream stream = nullptr;
-    if (cuda::Error e = worker_.stream(stream)) return cuda_failure(*ctx_.cuda, e, "cudaStreamCreate");
+    if (cuda::Error e = worker_.stream(stream))
+      return cuda_failure(*ctx_.cuda, e, "cudaStreamCreate");
     if (cuda::Error e = ctx_.cuda->cudaStreamWaitEvent(stream, ready, 0))
       return cuda_failure(*ctx_.cuda, e, "cudaStreamWaitEvent");
     return {};
@@ -183,8 +184,8 @@ std::uint32_t payload_crc(const IoContext& ctx, const BlockOp& op) {
 
 void encode(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, std::size_t length,
             std::uint32_t crc) {
-  encode_header(worker.header.data(), op.key, ctx.config->fingerprint, length,
-                ctx.config->checksum, crc);
+  encode_header(worker.header.data(), op.key, ctx.config->fingerprint, length, ctx.config->checksum,
+                crc);
 }
 
 // One contiguous host buffer, O_DIRECT: every address, length and offset a multiple of
@@ -381,7 +382,8 @@ ReadOutcome read_contiguous(const IoContext& ctx, WorkerContext& worker, int fd,
   for (std::size_t done = 0; done < op.length; done += lease.size()) {
     const std::size_t n = std::min(lease.size(), op.length - done);
     const std::size_t padded = align_up(n);
-    if (int e = preadv_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done), got)) {
+    if (int e = preadv_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done),
+                            got)) {
       out.error = {e, "pread"};
       return out;
     }
@@ -417,7 +419,8 @@ ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, c
   for (std::size_t done = 0; done < total; done += lease.size()) {
     const std::size_t n = std::min(lease.size(), total - done);
     const std::size_t padded = align_up(n);
-    if (int e = preadv_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done), got)) {
+    if (int e = preadv_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done),
+                            got)) {
       out.error = {e, "pread"};
       return out;
     }
@@ -456,8 +459,8 @@ BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const B
                          ? read_contiguous(ctx, worker, fd.get(), direct, op, want_crc)
                          : read_segments(ctx, worker, fd.get(), op, want_crc);
   if (read.error) {
-    BlockResult r = failure(read.error.error, read.error.operation, op.path,
-                            std::move(read.error.message));
+    BlockResult r =
+        failure(read.error.error, read.error.operation, op.path, std::move(read.error.message));
     r.o_direct_fallback = fell_back;
     return r;
   }

@@ -9,8 +9,8 @@
 #include <kvtier/config.hpp>
 #include <kvtier/job.hpp>
 
-#include "staging_pool.hpp"
 #include "cuda_runtime.hpp"
+#include "staging_pool.hpp"
 
 namespace kvtier::detail {
 
@@ -31,9 +31,9 @@ struct BlockResult {
 /// Engine-wide, read-only state the block operations share.
 struct IoContext {
   const EngineConfig* config = nullptr;
-  bool direct = false;             ///< open block files with O_DIRECT
-  mode_t directory_mode = 0700;    ///< for directories created on the way to a block
-  std::string tmp_infix;           ///< ".<host>.<pid>." inserted before the unique number
+  bool direct = false;           ///< open block files with O_DIRECT
+  mode_t directory_mode = 0700;  ///< for directories created on the way to a block
+  std::string tmp_infix;         ///< ".<host>.<pid>." inserted before the unique number
   StagingPool* staging = nullptr;
   std::atomic<std::uint64_t>* tmp_counter = nullptr;
   const cuda::Api* cuda = nullptr;  ///< set when device segments are allowed

@@ -34,7 +34,8 @@ std::vector<Segment> BlockLayout::segments(std::size_t block) const {
     for (const Run& run : r.runs) {
       // Runs that continue one another (a contiguous slice) become one segment.
       if (!out.empty() && out.back().kind == r.kind &&
-          static_cast<unsigned char*>(out.back().address) + out.back().length == start + run.offset) {
+          static_cast<unsigned char*>(out.back().address) + out.back().length ==
+              start + run.offset) {
         out.back().length += run.length;
       } else {
         out.push_back({start + run.offset, run.length, r.kind});

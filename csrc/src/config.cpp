@@ -33,9 +33,12 @@ Durability parse_durability(const std::string& text) {
 
 const char* to_string(ODirectMode mode) noexcept {
   switch (mode) {
-    case ODirectMode::kAuto: return "auto";
-    case ODirectMode::kOn: return "true";
-    case ODirectMode::kOff: return "false";
+    case ODirectMode::kAuto:
+      return "auto";
+    case ODirectMode::kOn:
+      return "true";
+    case ODirectMode::kOff:
+      return "false";
   }
   return "?";
 }
@@ -46,9 +49,12 @@ const char* to_string(Checksum checksum) noexcept {
 
 const char* to_string(Durability durability) noexcept {
   switch (durability) {
-    case Durability::kNone: return "none";
-    case Durability::kData: return "data";
-    case Durability::kFull: return "full";
+    case Durability::kNone:
+      return "none";
+    case Durability::kData:
+      return "data";
+    case Durability::kFull:
+      return "full";
   }
   return "?";
 }

@@ -27,8 +27,8 @@ static_assert(cuda::kStreamNonBlocking == cudaStreamNonBlocking);
 static_assert(cuda::kEventDisableTiming == cudaEventDisableTiming);
 static_assert(cuda::kHostRegisterDefault == cudaHostRegisterDefault);
 
-#define KVTIER_CUDA_CHECK(name, params)                                      \
-  static_assert(std::is_same_v<decltype(&::name), Error(*) params>,          \
+#define KVTIER_CUDA_CHECK(name, params)                             \
+  static_assert(std::is_same_v<decltype(&::name), Error(*) params>, \
                 "kvtier's declaration of " #name " differs from the CUDA headers");
 KVTIER_CUDA_REQUIRED_FUNCTIONS(KVTIER_CUDA_CHECK)
 #undef KVTIER_CUDA_CHECK
@@ -37,15 +37,15 @@ static_assert(std::is_same_v<decltype(&::cudaGetErrorName), const char* (*)(cuda
 static_assert(std::is_same_v<decltype(&::cudaGetErrorString), const char* (*)(cudaError_t)>);
 
 #if CUDART_VERSION >= 13000
-static_assert(std::is_same_v<decltype(&::cudaMemcpyBatchAsync),
-                             cudaError_t (*)(void* const*, const void* const*, const size_t*,
-                                             size_t, cudaMemcpyAttributes*, size_t*, size_t,
-                                             cudaStream_t)>);
+static_assert(
+    std::is_same_v<decltype(&::cudaMemcpyBatchAsync),
+                   cudaError_t (*)(void* const*, const void* const*, const size_t*, size_t,
+                                   cudaMemcpyAttributes*, size_t*, size_t, cudaStream_t)>);
 #elif CUDART_VERSION >= 12080
-static_assert(std::is_same_v<decltype(&::cudaMemcpyBatchAsync),
-                             cudaError_t (*)(void* const*, const void* const*, const size_t*,
-                                             size_t, cudaMemcpyAttributes*, size_t*, size_t,
-                                             size_t*, cudaStream_t)>);
+static_assert(
+    std::is_same_v<decltype(&::cudaMemcpyBatchAsync),
+                   cudaError_t (*)(void* const*, const void* const*, const size_t*, size_t,
+                                   cudaMemcpyAttributes*, size_t*, size_t, size_t*, cudaStream_t)>);
 #endif
 #if CUDART_VERSION >= 12080
 static_assert(sizeof(cuda::MemcpyAttributes) == sizeof(cudaMemcpyAttributes));

@@ -48,15 +48,16 @@ Loaded load() {
   Api& api = out.api;
   api.library = which;
   // The handle is never closed: the runtime must outlive every engine and staging buffer.
-#define KVTIER_CUDA_RESOLVE(name, params)                                       \
-  api.name = reinterpret_cast<decltype(api.name)>(::dlsym(handle, #name));      \
-  if (api.name == nullptr) {                                                    \
-    out.reason = which + " lacks " #name;                                        \
-    return out;                                                                 \
+#define KVTIER_CUDA_RESOLVE(name, params)                                  \
+  api.name = reinterpret_cast<decltype(api.name)>(::dlsym(handle, #name)); \
+  if (api.name == nullptr) {                                               \
+    out.reason = which + " lacks " #name;                                  \
+    return out;                                                            \
   }
   KVTIER_CUDA_REQUIRED_FUNCTIONS(KVTIER_CUDA_RESOLVE)
 #undef KVTIER_CUDA_RESOLVE
-  api.cudaGetErrorName = reinterpret_cast<decltype(api.cudaGetErrorName)>(::dlsym(handle, "cudaGetErrorName"));
+  api.cudaGetErrorName =
+      reinterpret_cast<decltype(api.cudaGetErrorName)>(::dlsym(handle, "cudaGetErrorName"));
   api.cudaGetErrorString =
       reinterpret_cast<decltype(api.cudaGetErrorString)>(::dlsym(handle, "cudaGetErrorString"));
   if (api.cudaRuntimeGetVersion(&api.runtime_version) != kSuccess) {
@@ -91,7 +92,9 @@ const Api* runtime() noexcept {
   return l.ok ? &l.api : nullptr;
 }
 
-const std::string& unavailable_reason() noexcept { return loaded().reason; }
+const std::string& unavailable_reason() noexcept {
+  return loaded().reason;
+}
 
 std::string describe(const Api& api, Error error) {
   const char* name = api.cudaGetErrorName ? api.cudaGetErrorName(error) : nullptr;

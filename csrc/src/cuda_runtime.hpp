@@ -35,24 +35,24 @@ struct MemcpyAttributes {
 };
 inline constexpr int kSrcAccessOrderStream = 1;
 
-// The functions kvtier calls: X(name, parameter list). Every one is required except the
-// batched copy, which exists from CUDA 12.8 on (with an extra failIdx argument before 13.0).
-#define KVTIER_CUDA_REQUIRED_FUNCTIONS(X)                                  \
-  X(cudaRuntimeGetVersion, (int*))                                         \
-  X(cudaGetDeviceCount, (int*))                                            \
-  X(cudaGetDevice, (int*))                                                 \
-  X(cudaSetDevice, (int))                                                  \
-  X(cudaDeviceGetPCIBusId, (char*, int, int))                              \
-  X(cudaStreamCreateWithFlags, (Stream*, unsigned int))                    \
-  X(cudaStreamDestroy, (Stream))                                           \
-  X(cudaStreamSynchronize, (Stream))                                       \
-  X(cudaStreamWaitEvent, (Stream, Event, unsigned int))                    \
-  X(cudaEventCreateWithFlags, (Event*, unsigned int))                      \
-  X(cudaEventRecord, (Event, Stream))                                      \
-  X(cudaEventDestroy, (Event))                                             \
-  X(cudaMemcpyAsync, (void*, const void*, size_t, MemcpyKind, Stream))     \
-  X(cudaHostRegister, (void*, size_t, unsigned int))                       \
-  X(cudaHostUnregister, (void*))                                           \
+// The functions kvtier requires: X(name, parameter list). The batched copy, which exists from
+// CUDA 12.8 on (with an extra failIdx argument before 13.0), is looked up separately.
+#define KVTIER_CUDA_REQUIRED_FUNCTIONS(X)                              \
+  X(cudaRuntimeGetVersion, (int*))                                     \
+  X(cudaGetDeviceCount, (int*))                                        \
+  X(cudaGetDevice, (int*))                                             \
+  X(cudaSetDevice, (int))                                              \
+  X(cudaDeviceGetPCIBusId, (char*, int, int))                          \
+  X(cudaStreamCreateWithFlags, (Stream*, unsigned int))                \
+  X(cudaStreamDestroy, (Stream))                                       \
+  X(cudaStreamSynchronize, (Stream))                                   \
+  X(cudaStreamWaitEvent, (Stream, Event, unsigned int))                \
+  X(cudaEventCreateWithFlags, (Event*, unsigned int))                  \
+  X(cudaEventRecord, (Event, Stream))                                  \
+  X(cudaEventDestroy, (Event))                                         \
+  X(cudaMemcpyAsync, (void*, const void*, size_t, MemcpyKind, Stream)) \
+  X(cudaHostRegister, (void*, size_t, unsigned int))                   \
+  X(cudaHostUnregister, (void*))                                       \
   X(cudaGetLastError, ())
 
 using BatchCopy13 = Error (*)(void* const*, const void* const*, const size_t*, size_t,

@@ -144,9 +144,13 @@ std::vector<int> gpu_numa_cpus(const detail::cuda::Api& api, int device, int& no
 
 }  // namespace
 
-bool cuda_available() noexcept { return detail::cuda::runtime() != nullptr; }
+bool cuda_available() noexcept {
+  return detail::cuda::runtime() != nullptr;
+}
 
-std::string cuda_unavailable_reason() { return detail::cuda::unavailable_reason(); }
+std::string cuda_unavailable_reason() {
+  return detail::cuda::unavailable_reason();
+}
 
 std::string probe_o_direct(const std::string& dir) {
   static std::atomic<std::uint64_t> counter{0};
@@ -262,8 +266,10 @@ struct Engine::Impl {
     Job* job = task.job;
     const bool load = job->direction == Direction::kLoad;
     job->block_errnos[task.index] = result.error;
-    if (result.o_direct_fallback) counters.o_direct_fallbacks.fetch_add(1, std::memory_order_relaxed);
-    if (result.corrupt_removed) counters.corrupt_files_removed.fetch_add(1, std::memory_order_relaxed);
+    if (result.o_direct_fallback)
+      counters.o_direct_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    if (result.corrupt_removed)
+      counters.corrupt_files_removed.fetch_add(1, std::memory_order_relaxed);
     if (result.ok()) {
       job->bytes.fetch_add(result.bytes, std::memory_order_relaxed);
       (load ? counters.load_blocks : counters.store_blocks).fetch_add(1, std::memory_order_relaxed);
@@ -382,7 +388,8 @@ void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> bloc
       if (seg.kind == MemoryKind::kDevice) any_device = true;
     }
     if (any_device && s.cuda == nullptr)
-      throw std::invalid_argument("device memory needs an engine created with use_cuda: " + op.path);
+      throw std::invalid_argument("device memory needs an engine created with use_cuda: " +
+                                  op.path);
     if (op.key.size() > kMaxKeySize)
       throw std::invalid_argument("block key longer than " + std::to_string(kMaxKeySize) +
                                   " bytes: " + op.path);
@@ -493,14 +500,24 @@ bool Engine::is_shut_down() const noexcept {
   return impl_->stopping;
 }
 
-bool Engine::direct_io() const noexcept { return impl_->direct; }
+bool Engine::direct_io() const noexcept {
+  return impl_->direct;
+}
 const std::string& Engine::o_direct_fallback_reason() const noexcept {
   return impl_->fallback_reason;
 }
-int Engine::completion_eventfd() const noexcept { return impl_->event_fd; }
-bool Engine::cuda_enabled() const noexcept { return impl_->cuda != nullptr; }
-int Engine::numa_node() const noexcept { return impl_->numa_node; }
-const EngineConfig& Engine::config() const noexcept { return impl_->config; }
+int Engine::completion_eventfd() const noexcept {
+  return impl_->event_fd;
+}
+bool Engine::cuda_enabled() const noexcept {
+  return impl_->cuda != nullptr;
+}
+int Engine::numa_node() const noexcept {
+  return impl_->numa_node;
+}
+const EngineConfig& Engine::config() const noexcept {
+  return impl_->config;
+}
 
 EngineStats Engine::stats() const {
   Impl& s = *impl_;

@@ -38,7 +38,8 @@ void encode_header(unsigned char* out, std::string_view key, std::string_view fi
   put<std::uint32_t>(out, header_offset::kVersion, kFormatVersion);
   put<std::uint64_t>(out, header_offset::kPayloadLength, payload_length);
   const bool crc = checksum == Checksum::kCrc32c;
-  put<std::uint32_t>(out, header_offset::kChecksumKind, crc ? kChecksumKindCrc32c : kChecksumKindNone);
+  put<std::uint32_t>(out, header_offset::kChecksumKind,
+                     crc ? kChecksumKindCrc32c : kChecksumKindNone);
   put<std::uint32_t>(out, header_offset::kPayloadCrc, crc ? payload_crc : 0);
   put<std::uint32_t>(out, header_offset::kKeyLength, static_cast<std::uint32_t>(key.size()));
   put<std::uint32_t>(out, header_offset::kFingerprintLength,
@@ -54,8 +55,7 @@ std::string verify_header(const unsigned char* in, std::string_view key,
   if (std::memcmp(in + header_offset::kMagic, kMagic, sizeof(kMagic)) != 0)
     return "not a kvtier block file (bad magic)";
   const auto version = get<std::uint32_t>(in, header_offset::kVersion);
-  if (version != kFormatVersion)
-    return "unsupported format version " + std::to_string(version);
+  if (version != kFormatVersion) return "unsupported format version " + std::to_string(version);
   if (get<std::uint32_t>(in, header_offset::kHeaderCrc) != header_crc(in))
     return "header checksum mismatch";
   const auto key_length = get<std::uint32_t>(in, header_offset::kKeyLength);

@@ -12,16 +12,16 @@ namespace kvtier::detail {
 /// Field offsets of the 4096-byte block header (all integers little-endian).
 /// docs/FORMAT.md is the normative description; keep the two in step.
 namespace header_offset {
-inline constexpr std::size_t kMagic = 0;             // 8 bytes
-inline constexpr std::size_t kVersion = 8;           // u32
-inline constexpr std::size_t kHeaderCrc = 12;        // u32, CRC32C of the header with this field 0
-inline constexpr std::size_t kPayloadLength = 16;    // u64
-inline constexpr std::size_t kChecksumKind = 24;     // u32: 0 none, 1 crc32c
-inline constexpr std::size_t kPayloadCrc = 28;       // u32
-inline constexpr std::size_t kKeyLength = 32;        // u32
+inline constexpr std::size_t kMagic = 0;           // 8 bytes
+inline constexpr std::size_t kVersion = 8;         // u32
+inline constexpr std::size_t kHeaderCrc = 12;      // u32, CRC32C of the header with this field 0
+inline constexpr std::size_t kPayloadLength = 16;  // u64
+inline constexpr std::size_t kChecksumKind = 24;   // u32: 0 none, 1 crc32c
+inline constexpr std::size_t kPayloadCrc = 28;     // u32
+inline constexpr std::size_t kKeyLength = 32;      // u32
 inline constexpr std::size_t kFingerprintLength = 36;  // u32
-inline constexpr std::size_t kFingerprint = 40;      // 32 bytes, zero padded
-inline constexpr std::size_t kKey = 72;              // key_length bytes
+inline constexpr std::size_t kFingerprint = 40;        // 32 bytes, zero padded
+inline constexpr std::size_t kKey = 72;                // key_length bytes
 }  // namespace header_offset
 
 inline constexpr std::uint32_t kChecksumKindNone = 0;

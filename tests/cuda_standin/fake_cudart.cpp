@@ -85,7 +85,9 @@ FakeStream& legacy_stream() {
   static FakeStream* stream = new FakeStream();  // lives as long as the process
   return *stream;
 }
-FakeStream& stream_of(void* s) { return s ? *static_cast<FakeStream*>(s) : legacy_stream(); }
+FakeStream& stream_of(void* s) {
+  return s ? *static_cast<FakeStream*>(s) : legacy_stream();
+}
 
 // Counts the call and returns the injected error, if one is due.
 int enter(const char* function) {
@@ -215,23 +217,35 @@ int cudaHostUnregister(void* p) {
   g_registered.erase(it);
   return kSuccess;
 }
-int cudaGetLastError() { return kSuccess; }
+int cudaGetLastError() {
+  return kSuccess;
+}
 const char* cudaGetErrorName(int e) {
   switch (e) {
-    case 0: return "cudaSuccess";
-    case 1: return "cudaErrorInvalidValue";
-    case 2: return "cudaErrorMemoryAllocation";
-    case 700: return "cudaErrorIllegalAddress";
-    default: return "cudaErrorUnknown";
+    case 0:
+      return "cudaSuccess";
+    case 1:
+      return "cudaErrorInvalidValue";
+    case 2:
+      return "cudaErrorMemoryAllocation";
+    case 700:
+      return "cudaErrorIllegalAddress";
+    default:
+      return "cudaErrorUnknown";
   }
 }
 const char* cudaGetErrorString(int e) {
   switch (e) {
-    case 0: return "no error";
-    case 1: return "invalid argument";
-    case 2: return "out of memory";
-    case 700: return "an illegal memory access was encountered";
-    default: return "unknown error";
+    case 0:
+      return "no error";
+    case 1:
+      return "invalid argument";
+    case 2:
+      return "out of memory";
+    case 700:
+      return "an illegal memory access was encountered";
+    default:
+      return "unknown error";
   }
 }
 
@@ -246,7 +260,9 @@ long kvtier_fake_calls(const char* function) {
   auto it = g_calls.find(function);
   return it == g_calls.end() ? 0 : it->second;
 }
-long kvtier_fake_registered_bytes() { return g_registered_bytes.load(); }
+long kvtier_fake_registered_bytes() {
+  return g_registered_bytes.load();
+}
 /// A fake kernel on stream `s`: after `delay_ms`, fills `n` bytes at `dst` with `value`.
 void kvtier_fake_kernel(void* s, int delay_ms, void* dst, int value, std::size_t n) {
   stream_of(s).enqueue([=] {

@@ -13,17 +13,17 @@ namespace kvtier {
 
 /// Counters since the engine started (a consistent-enough snapshot, not atomic as a whole).
 struct EngineStats {
-  std::uint64_t load_jobs = 0, store_jobs = 0;            ///< jobs completed
+  std::uint64_t load_jobs = 0, store_jobs = 0;  ///< jobs completed
   std::uint64_t failed_load_jobs = 0, failed_store_jobs = 0;
-  std::uint64_t load_blocks = 0, store_blocks = 0;        ///< blocks completed successfully
+  std::uint64_t load_blocks = 0, store_blocks = 0;  ///< blocks completed successfully
   std::uint64_t failed_load_blocks = 0, failed_store_blocks = 0;
-  std::uint64_t load_bytes = 0, store_bytes = 0;          ///< payload bytes moved
-  std::uint64_t dedup_skips = 0;       ///< stores skipped because the file already existed
+  std::uint64_t load_bytes = 0, store_bytes = 0;  ///< payload bytes moved
+  std::uint64_t dedup_skips = 0;  ///< stores skipped because the file already existed
   std::uint64_t corrupt_files_removed = 0;
   std::uint64_t o_direct_fallbacks = 0;  ///< opens that fell back from O_DIRECT to buffered
-  std::uint64_t queued_loads = 0, queued_stores = 0;        ///< block operations waiting
-  std::uint64_t running_loads = 0, running_stores = 0;      ///< block operations running
-  std::uint64_t jobs_in_flight = 0;    ///< submitted, not yet completed
+  std::uint64_t queued_loads = 0, queued_stores = 0;    ///< block operations waiting
+  std::uint64_t running_loads = 0, running_stores = 0;  ///< block operations running
+  std::uint64_t jobs_in_flight = 0;                     ///< submitted, not yet completed
 };
 
 /// A pool of worker threads that stores and loads KV blocks as files.

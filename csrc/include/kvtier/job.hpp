@@ -31,8 +31,8 @@ struct Segment {
 /// which moves through a staging buffer. The memory must stay valid (and, for loads, untouched
 /// by the caller) until the job's completion has been popped.
 struct BlockOp {
-  std::string path;    ///< final path of the block file
-  std::string key;     ///< opaque key bytes stored in and verified against the header
+  std::string path;  ///< final path of the block file
+  std::string key;   ///< opaque key bytes stored in and verified against the header
   void* data = nullptr;
   std::size_t length = 0;  ///< payload bytes of `data`
   std::vector<Segment> segments;
@@ -48,8 +48,8 @@ struct BlockOp {
 
 /// The first error of a job, for logs and JobResult.error.
 struct JobError {
-  int errno_value = 0;     ///< 0 when the job succeeded
-  std::string operation;   ///< e.g. "open", "pwrite", "rename", "verify"
+  int errno_value = 0;    ///< 0 when the job succeeded
+  std::string operation;  ///< e.g. "open", "pwrite", "rename", "verify"
   std::string path;
   std::string message;
 };
