@@ -171,3 +171,8 @@ class GPUStorageTransfer:
 
     def stats(self) -> dict[str, int]:
         return dict(self._engine.stats())
+
+    @property
+    def numa_node(self) -> int:
+        """The NUMA node the workers are pinned to (``numa_bind``), or -1."""
+        return int(self._engine.numa_node)
