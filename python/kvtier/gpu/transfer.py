@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtier import _core
+from kvtier._rate_limited_log import RateLimitedLog
 from kvtier.gpu.layout import describe_kv_caches
 from kvtier.gpu.options import GPUTransferOptions
 from kvtier.tiering.base import JobId, JobResult, OffloadKey
@@ -94,6 +95,7 @@ class GPUStorageTransfer:
                 self._engine.o_direct_fallback_reason,
             )
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
+        self._failure_log = RateLimitedLog(logger)
         self._lock = threading.Lock()
 
     # ---- jobs ------------------------------------------------------------------------------
@@ -148,7 +150,7 @@ class GPUStorageTransfer:
             if not c.success and c.direction == _core.Direction.LOAD:
                 successful = [k for k, e in zip(keys, c.block_errnos) if e == 0]
             if not c.success:
-                logger.warning("Job %s block I/O failed: %s", c.job_id, c.error)
+                self._failure_log.warning("Job %s block I/O failed: %s", c.job_id, c.error)
             results.append(
                 JobResult(
                     c.job_id,

@@ -12,13 +12,13 @@ import errno
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvtier import _core
+from kvtier._rate_limited_log import RateLimitedLog
 from kvtier.tiering.base import (
     JobId,
     JobMetadata,
@@ -40,35 +40,6 @@ logger = logging.getLogger(__name__)
 class _Job:
     is_load: bool
     keys: tuple[OffloadKey, ...]
-
-
-class _RateLimitedLog:
-    """At most ``burst`` messages per ``window`` seconds, so a dead disk cannot flood the log.
-
-    Suppressed messages are counted and the count is reported with the next one let through.
-    """
-
-    def __init__(self, burst: int = 10, window: float = 60.0) -> None:
-        self._burst = burst
-        self._window = window
-        self._lock = threading.Lock()
-        self._window_start = -float("inf")
-        self._emitted = 0
-        self._suppressed = 0
-
-    def warning(self, msg: str, *args: Any) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._window_start >= self._window:
-                self._window_start, self._emitted = now, 0
-            if self._emitted >= self._burst:
-                self._suppressed += 1
-                return
-            self._emitted += 1
-            suppressed, self._suppressed = self._suppressed, 0
-        if suppressed:
-            logger.warning("%d similar messages suppressed", suppressed)
-        logger.warning(msg, *args)
 
 
 class FileSystemTierManager(SecondaryTierManager):
@@ -142,7 +113,7 @@ class FileSystemTierManager(SecondaryTierManager):
         self._queued_stores = 0
         self._dropped_stores = 0
         self._shut_down = False
-        self._failure_log = _RateLimitedLog()
+        self._failure_log = RateLimitedLog(logger)
         logger.info(
             "Secondary tier '%s' at %s (direct I/O: %s, %d read + %d write threads)",
             tier_type,
