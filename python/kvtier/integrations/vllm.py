@@ -1,0 +1,426 @@
+"""kvtier's file-system tier as an out-of-tree secondary tier of vLLM's tiered KV offloading.
+
+vLLM (0.33.x) loads a secondary tier that it does not ship from a config entry naming a class
+and a module. In ``kv_connector_extra_config`` of the ``OffloadingConnector``::
+
+    {
+        "spec_name": "TieringOffloadingSpec",
+        "cpu_bytes_to_use": 17179869184,
+        "secondary_tiers": [
+            {
+                "type": "KvtierFileSystemTier",
+                "module_path": "kvtier.integrations.vllm",
+                "root_dir": "/mnt/kv"
+            }
+        ]
+    }
+
+Every other key of the entry is an option of kvtier's ``fs`` tier (``n_read_threads``,
+``n_write_threads``, ``o_direct``, ``checksum``, ``durability``, ``file_mode``,
+``async_lookup``, ``max_queued_store_jobs``), validated by kvtier, plus the keys vLLM itself
+understands for storage tiers: ``locality`` (``"LOCAL"`` or ``"REMOTE"``), ``enable_kv_events``
+and ``backpressure`` (which vLLM's factory turns into a detector). See docs/vllm.md.
+
+The tier runs in vLLM's scheduler process. It converts vLLM's types to kvtier's and back: a
+``TransferJob`` (``chunk_ids``) becomes a kvtier ``JobMetadata`` (``block_ids``); kvtier's
+``lookup`` answers True / False / None become ``HIT`` / ``MISS`` / ``RETRY``; kvtier's
+``JobResult`` becomes vLLM's, keeping ``successful_keys`` of a partly failed load. Lookups
+are asynchronous by default (``async_lookup`` is on), so slow storage never blocks the
+scheduler: an unknown key answers ``RETRY`` and is resolved off the scheduler thread.
+
+This is the only kvtier module that imports vLLM; importing it without a supported vLLM
+raises ImportError naming the supported versions.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from kvtier.tiering.base import JobMetadata, JobResult, ReqContext
+from kvtier.tiering.fs.file_mapper import FileMapper
+from kvtier.tiering.fs.manager import FileSystemTierManager
+from kvtier.tiering.fs.options import FsTierOptions
+from kvtier.tiering.spec import OffloadingSpec
+
+SUPPORTED_VLLM_SERIES: tuple[str, ...] = ("0.33",)
+"""vLLM release series (major.minor) this module is written and tested against."""
+
+_SUPPORTED_TEXT = ", ".join(f"{s}.x" for s in SUPPORTED_VLLM_SERIES)
+
+
+def _check_vllm_version(version: str) -> None:
+    """Raise ImportError unless ``version`` belongs to a supported vLLM series."""
+    parts = version.split(".")
+    series = ".".join(parts[:2])
+    if series not in SUPPORTED_VLLM_SERIES:
+        raise ImportError(
+            f"kvtier.integrations.vllm supports vLLM {_SUPPORTED_TEXT}, but vLLM {version} is "
+            "installed. Install a supported version "
+            f"(pip install 'vllm=={SUPPORTED_VLLM_SERIES[-1]}.*') or a kvtier release that "
+            "supports this vLLM."
+        )
+
+
+def _installed_vllm_version() -> str:
+    """The installed vLLM's version; ImportError (naming what is supported) when absent."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):  # ValueError: sys.modules["vllm"] is None
+        spec = None
+    if spec is None:
+        raise ImportError(
+            f"kvtier.integrations.vllm needs vLLM ({_SUPPORTED_TEXT}), which is not installed. "
+            f"Install it with: pip install 'vllm=={SUPPORTED_VLLM_SERIES[-1]}.*'"
+        )
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path
+        import vllm
+
+        return str(vllm.__version__)
+
+
+VLLM_VERSION: str = _installed_vllm_version()
+_check_vllm_version(VLLM_VERSION)
+
+try:
+    from vllm.v1.kv_offload.base import (
+        Locality,
+        LookupResult,
+        Medium,
+        OffloadingEvent,
+        OffloadKey,
+        RequestOffloadingContext,
+    )
+    from vllm.v1.kv_offload.base import OffloadingSpec as VllmOffloadingSpec
+    from vllm.v1.kv_offload.base import ReqContext as VllmReqContext
+    from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
+    from vllm.v1.kv_offload.tiering.base import JobId, TransferJob
+    from vllm.v1.kv_offload.tiering.base import JobResult as VllmJobResult
+    from vllm.v1.kv_offload.tiering.base import (
+        SecondaryTierManager as VllmSecondaryTierManager,
+    )
+except ImportError as e:
+    raise ImportError(
+        f"kvtier.integrations.vllm supports vLLM {_SUPPORTED_TEXT}; vLLM {VLLM_VERSION} is "
+        f"installed but its tiered offloading API could not be imported ({e})."
+    ) from e
+
+logger = logging.getLogger(__name__)
+
+# Keys of a tier entry that this adapter consumes itself; the rest go to the fs tier.
+_ADAPTER_OPTIONS: tuple[str, ...] = ("locality", "enable_kv_events")
+_TRUE = frozenset({"true", "yes", "on", "1"})
+_FALSE = frozenset({"false", "no", "off", "0"})
+
+
+def offloading_spec_from_vllm(spec: VllmOffloadingSpec | OffloadingSpec) -> OffloadingSpec:
+    """Convert vLLM's offloading spec into the :class:`OffloadingSpec` kvtier tiers read.
+
+    The fields are the facts that determine a block's bytes, so that two vLLM instances share
+    blocks on one ``root_dir`` exactly when their blocks are interchangeable:
+
+    - ``model_name``, ``dtype``: vLLM's model name and KV-cache dtype.
+    - ``tokens_per_block``: tokens per block hash; ``blocks_per_file``: blocks per offloaded
+      chunk (one chunk is one primary-tier row and one kvtier file).
+    - ``kv_cache_groups``: per KV-cache group, its tokens per block and layer names.
+    - ``kv_layout``: vLLM's KV-cache layout name, plus the canonical format id when the
+      canonical layout is on and ``replicated`` for a single-copy (replicated) layout.
+    - parallel sizes and rank: as configured, except that they collapse to 1 (and rank 0) when
+      vLLM certifies the offloaded bytes as independent of the parallel layout, so instances
+      with different tensor/pipeline parallelism share blocks.
+
+    A kvtier :class:`OffloadingSpec` is returned unchanged.
+    """
+    if isinstance(spec, OffloadingSpec):
+        return spec
+    config = spec.config
+    parallel = config.parallel
+    agnostic = bool(parallel.is_parallelism_agnostic or config.replicated_layout)
+    layout_parts = [config.kv_cache_layout or ""]
+    if config.canonical_layout:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.canonical_mapping import (
+            canonical_format_id,
+        )
+
+        if config.kv_cache_layout is None:
+            raise ValueError(
+                "vLLM's offloading config enables canonical_layout but names no "
+                "kv_cache_layout; kvtier cannot tell which canonical format the blocks use"
+            )
+        layout_parts.append(f"canonical={canonical_format_id(config.kv_cache_layout)}")
+    if config.replicated_layout:
+        layout_parts.append("replicated")
+    groups = tuple(
+        {"tokens_per_block": int(g.tokens_per_block), "layer_names": list(g.layer_names)}
+        for g in config.groups
+    )
+    return OffloadingSpec(
+        model_name=str(config.model.name),
+        dtype=str(config.model.dtype),
+        tokens_per_block=int(config.cache.tokens_per_hash),
+        blocks_per_file=int(config.cache.blocks_per_chunk),
+        tp_size=1 if agnostic else int(parallel.tp_size),
+        pp_size=1 if agnostic else int(parallel.pp_size),
+        pcp_size=1 if agnostic else int(parallel.pcp_size),
+        dcp_size=1 if agnostic else int(parallel.dcp_size),
+        rank=0 if agnostic else int(parallel.rank),
+        kv_cache_groups=groups,
+        kv_layout=";".join(layout_parts),
+    )
+
+
+@dataclass
+class _RequestState:
+    """What the tier remembers about one request between on_new_request and its end."""
+
+    kv_context: ReqContext
+    # Keys answered MISS for this request, and keys whose promotion failed: MISS until the
+    # request ends. vLLM's scheduler may look a key up several times in one step (it re-runs
+    # its lookups until the hit length converges); the answer must not flip back to RETRY,
+    # and a block that keeps failing to load must be recomputed, not promoted again and again.
+    misses: set[OffloadKey] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    keys: tuple[OffloadKey, ...]
+    req_id: str
+    is_promotion: bool
+
+
+class KvtierFileSystemTier(VllmSecondaryTierManager):
+    """vLLM secondary tier backed by kvtier's file-system tier (``fs``).
+
+    Created by vLLM's ``SecondaryTierFactory`` from a ``secondary_tiers`` entry with
+    ``"type": "KvtierFileSystemTier"`` and ``"module_path": "kvtier.integrations.vllm"``;
+    the entry's other keys are the options listed in the module docstring.
+
+    Like every vLLM secondary tier, it is called on the scheduler side under the tiering
+    manager's lock, and every method returns at once: block I/O runs on kvtier's native
+    threads and finished jobs are collected by :meth:`get_finished_jobs`.
+    """
+
+    medium: ClassVar[Medium] = Medium.STORAGE
+
+    def __init__(
+        self,
+        offloading_spec: VllmOffloadingSpec | OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: BackpressureDetector | None = None,
+        locality: str | None = None,
+        enable_kv_events: bool | str = False,
+        **options: Any,
+    ) -> None:
+        """Validate the options and open kvtier's fs tier under ``root_dir``.
+
+        Raises ValueError for unknown or invalid options, OSError when ``root_dir`` cannot be
+        created or written.
+        """
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.locality = _parse_locality(tier_type, locality)
+        self.kvtier_spec = offloading_spec_from_vllm(offloading_spec)
+
+        unknown = sorted(k for k in options if k not in FsTierOptions.option_names())
+        if unknown:
+            noun = "option" if len(unknown) == 1 else "options"
+            valid = sorted([*FsTierOptions.option_names(), *_ADAPTER_OPTIONS, "backpressure"])
+            raise ValueError(
+                f"Unknown {noun} {', '.join(repr(k) for k in unknown)} for secondary tier "
+                f"'{tier_type}'. Valid options: {valid}"
+            )
+        options.setdefault("async_lookup", True)
+
+        self._events: list[OffloadingEvent] | None = None
+        if _parse_bool(tier_type, "enable_kv_events", enable_kv_events):
+            events_config = getattr(offloading_spec, "kv_events_config", None)
+            if events_config is not None and events_config.enable_kv_cache_events:
+                self._events = []
+            else:
+                logger.warning(
+                    "enable_kv_events is set on secondary tier '%s' but KV cache events are "
+                    "disabled in vLLM; the tier emits no events",
+                    tier_type,
+                )
+
+        self._tier = FileSystemTierManager(
+            self.kvtier_spec, primary_kv_view, tier_type=tier_type, **options
+        )
+        self._requests: dict[str, _RequestState] = {}
+        self._in_flight: dict[JobId, _InFlight] = {}
+        # Results of jobs that could not even be submitted; reported like any other.
+        self._refused: list[VllmJobResult] = []
+
+    # -- what users and tests may inspect -----------------------------------------------------
+
+    @property
+    def kvtier_tier(self) -> FileSystemTierManager:
+        """The kvtier ``fs`` tier this adapter drives."""
+        return self._tier
+
+    @property
+    def file_mapper(self) -> FileMapper:
+        """Maps keys to block file paths (``file_mapper.get_file_name(key)``)."""
+        return self._tier.file_mapper
+
+    def stats(self) -> dict[str, int]:
+        """kvtier's counters for this tier (engine, lookups, dropped stores)."""
+        return self._tier.stats()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def on_new_request(self, req_context: VllmReqContext) -> RequestOffloadingContext:
+        self._request(req_context)
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: VllmReqContext) -> None:
+        self._requests.pop(req_context.req_id, None)
+
+    def _request(self, req_context: VllmReqContext) -> _RequestState:
+        """The state of a live request, created on first sight (on_new_request or lookup)."""
+        state = self._requests.get(req_context.req_id)
+        if state is None:
+            state = _RequestState(_to_kv_context(req_context))
+            self._requests[req_context.req_id] = state
+        return state
+
+    def _kv_context(self, req_context: VllmReqContext) -> ReqContext:
+        # Jobs and touches may follow a request's end (cascades of its last stores), so they
+        # do not register state that on_request_finished would never clear.
+        state = self._requests.get(req_context.req_id)
+        return state.kv_context if state is not None else _to_kv_context(req_context)
+
+    # -- lookups ----------------------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: VllmReqContext) -> LookupResult:
+        state = self._request(req_context)
+        if key in state.misses:
+            return LookupResult.MISS
+        found = self._tier.lookup(key, state.kv_context)
+        if found is None:
+            return LookupResult.RETRY
+        if not found:
+            state.misses.add(key)
+            return LookupResult.MISS
+        return LookupResult.HIT
+
+    def touch(self, keys: Collection[OffloadKey], req_context: VllmReqContext) -> None:
+        self._tier.touch(keys, self._kv_context(req_context))
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        self._submit(job_metadata)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        self._submit(job_metadata)
+
+    def _submit(self, job: TransferJob) -> None:
+        keys = tuple(job.keys)
+        kv_job = JobMetadata(
+            job_id=job.job_id,
+            keys=keys,
+            block_ids=np.asarray(job.chunk_ids, dtype=np.int64).reshape(-1),
+            is_promotion=job.is_promotion,
+            req_context=self._kv_context(job.req_context),
+        )
+        self._in_flight[job.job_id] = _InFlight(keys, job.req_context.req_id, job.is_promotion)
+        try:
+            if job.is_promotion:
+                self._tier.submit_load(kv_job)
+            else:
+                self._tier.submit_store(kv_job)
+        except Exception as e:  # noqa: BLE001  (any failure to start is a failed job)
+            # vLLM has already registered the job and pinned its primary slots; raising here
+            # would unwind the scheduler with them pinned. A job that cannot start is a failed
+            # job like any other: the store becomes a later miss, the promotion a recompute.
+            logger.error("Job %s could not be submitted: %s", job.job_id, e)
+            self._refused.append(self._translate(JobResult(job.job_id, False, error=str(e))))
+
+    def get_finished_jobs(self) -> Iterable[VllmJobResult]:
+        refused, self._refused = self._refused, []
+        return refused + [self._translate(r) for r in self._tier.get_finished()]
+
+    def _translate(self, result: JobResult) -> VllmJobResult:
+        job = self._in_flight.pop(result.job_id, None)
+        successful_keys = None
+        if job is not None and job.is_promotion and not result.success:
+            successful_keys = tuple(result.successful_keys or ()) or None
+            arrived = set(successful_keys or ())
+            state = self._requests.get(job.req_id)
+            if state is not None:
+                state.misses.update(k for k in job.keys if k not in arrived)
+        elif (
+            job is not None and not job.is_promotion and result.success and self._events is not None
+        ):
+            self._events.append(
+                OffloadingEvent(
+                    keys=list(job.keys),
+                    medium=self.medium,
+                    removed=False,
+                    locality=self.locality,
+                )
+            )
+        return VllmJobResult(
+            job_id=result.job_id,
+            success=result.success,
+            successful_keys=successful_keys,
+            transfer_time=result.transfer_time,
+            transfer_bytes=result.transfer_bytes,
+        )
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if not self._events:
+            return ()
+        events, self._events = self._events, []
+        return events
+
+    def drain_jobs(self) -> None:
+        self._tier.drain_jobs()
+
+    def shutdown(self) -> None:
+        self._tier.shutdown()
+
+
+def _to_kv_context(req_context: VllmReqContext) -> ReqContext:
+    params = req_context.kv_transfer_params
+    return ReqContext(req_context.req_id, dict(params) if params is not None else None)
+
+
+def _parse_locality(tier_type: str, value: Any) -> Locality | None:
+    if value is None or isinstance(value, Locality):
+        return value
+    choices = [m.value for m in Locality]
+    if isinstance(value, str) and value.strip().upper() in choices:
+        return Locality(value.strip().upper())
+    raise ValueError(
+        f"Invalid value {value!r} for option 'locality' of secondary tier '{tier_type}': "
+        f"expected one of {choices}"
+    )
+
+
+def _parse_bool(tier_type: str, name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(
+        f"Invalid value {value!r} for option '{name}' of secondary tier '{tier_type}': "
+        "expected true or false"
+    )
+
+
+__all__ = [
+    "SUPPORTED_VLLM_SERIES",
+    "VLLM_VERSION",
+    "KvtierFileSystemTier",
+    "offloading_spec_from_vllm",
+]
