@@ -60,6 +60,17 @@ class SegmentCopier {
  public:
   SegmentCopier(const IoContext& ctx, WorkerContext& worker, const BlockOp& op)
       : ctx_(ctx), worker_(worker), segments_(op.segments) {}
+  // Work left on the stream after a failure (copies queued before the failing call, a wait on
+  // the submitter's event) must retire before the staging buffer is reused and the job's
+  // event is destroyed.
+  ~SegmentCopier() {
+    if (!unsynchronized_) return;
+    cuda::Stream stream = nullptr;
+    if (worker_.stream(stream) == cuda::kSuccess) ctx_.cuda->cudaStreamSynchronize(stream);
+    ctx_.cuda->cudaGetLastError();
+  }
+  SegmentCopier(const SegmentCopier&) = delete;
+  SegmentCopier& operator=(const SegmentCopier&) = delete;
 
   // Copies the next `n` payload bytes between the segments and `staging`.
   StepError copy(unsigned char* staging, std::size_t n, bool to_staging) {
@@ -100,6 +111,7 @@ class SegmentCopier {
       return cuda_failure(*ctx_.cuda, e, "cudaStreamCreate");
     if (cuda::Error e = ctx_.cuda->cudaStreamWaitEvent(stream, ready, 0))
       return cuda_failure(*ctx_.cuda, e, "cudaStreamWaitEvent");
+    unsynchronized_ = true;
     return {};
   }
 
@@ -110,6 +122,7 @@ class SegmentCopier {
     if (cuda::Error e = worker_.stream(stream)) return cuda_failure(api, e, "cudaStreamCreate");
     const cuda::MemcpyKind kind = to_staging ? cuda::kDeviceToHost : cuda::kHostToDevice;
     cuda::Error e = cuda::kSuccess;
+    unsynchronized_ = true;
     if (sizes_.size() > 1 && (api.batch_copy_13 || api.batch_copy_12)) {
       cuda::MemcpyAttributes attrs{};
       attrs.src_access_order = cuda::kSrcAccessOrderStream;
@@ -132,6 +145,7 @@ class SegmentCopier {
     // The staging buffer is reused (or written to disk) next: the copies must be done.
     if ((e = api.cudaStreamSynchronize(stream)) != cuda::kSuccess)
       return cuda_failure(api, e, "cudaStreamSynchronize");
+    unsynchronized_ = false;
     return {};
   }
 
@@ -139,6 +153,7 @@ class SegmentCopier {
   WorkerContext& worker_;
   const std::vector<Segment>& segments_;
   std::size_t index_ = 0, offset_ = 0;
+  bool unsynchronized_ = false;  // work queued on the worker's stream since the last sync
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;
   std::vector<std::size_t> sizes_;
@@ -234,12 +249,13 @@ StepError write_contiguous_buffered(const IoContext& ctx, WorkerContext& worker,
 // goes last, once the payload checksum is known.
 StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
                          cuda::Event ready) {
+  // The lease outlives the copier, whose destructor retires copies still using the buffer.
+  auto lease = ctx.staging->acquire();
   SegmentCopier copier(ctx, worker, op);
   if (StepError e = copier.wait_for(ready)) return e;
   const std::size_t total = op.payload_length();
   const bool want_crc = ctx.config->checksum == Checksum::kCrc32c;
   std::uint32_t crc = 0;
-  auto lease = ctx.staging->acquire();
   for (std::size_t done = 0; done < total; done += lease.size()) {
     const std::size_t n = std::min(lease.size(), total - done);
     const std::size_t padded = align_up(n);
@@ -414,8 +430,8 @@ ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, c
   verify(ctx, worker, op, out);
   if (!out.corrupt.empty()) return out;
   const std::size_t total = op.payload_length();
+  auto lease = ctx.staging->acquire();  // outlives the copier (see write_segments)
   SegmentCopier copier(ctx, worker, op);
-  auto lease = ctx.staging->acquire();
   for (std::size_t done = 0; done < total; done += lease.size()) {
     const std::size_t n = std::min(lease.size(), total - done);
     const std::size_t padded = align_up(n);

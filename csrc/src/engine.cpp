@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -179,7 +180,6 @@ struct Engine::Impl {
   EngineConfig config;
   detail::IoContext io;
   detail::StagingPool staging;
-  std::atomic<std::uint64_t> tmp_counter{0};
   bool direct = false;
   std::string fallback_reason;
   int event_fd = -1;
@@ -192,6 +192,7 @@ struct Engine::Impl {
   std::condition_variable work_available;
   std::deque<Task> loads, stores;
   std::size_t running_loads = 0, running_stores = 0;
+  unsigned store_cap_while_loading = 0;  // max_stores_in_flight_while_loading, adjusted
   std::unordered_set<JobId> ids_in_flight;  // submitted and not yet popped
   bool stopping = false;
 
@@ -209,7 +210,7 @@ struct Engine::Impl {
   // the device queue short so a load waits for at most the stores already issued.
   bool store_allowed() const {
     if (loads.empty() && running_loads == 0) return true;
-    return running_stores < config.max_stores_in_flight_while_loading;
+    return running_stores < store_cap_while_loading;
   }
 
   bool pick(bool load_first, Task& task, bool& is_load) {
@@ -347,7 +348,14 @@ Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std
   s.io.directory_mode = (c.file_mode | ((c.file_mode & 0444) >> 2)) & 0777;
   s.io.tmp_infix = "." + host_name() + "." + std::to_string(::getpid()) + ".";
   s.io.staging = &s.staging;
-  s.io.tmp_counter = &s.tmp_counter;
+  // Process-wide, so two engines writing the same key never pick the same tmp name.
+  static std::atomic<std::uint64_t> tmp_counter{0};
+  s.io.tmp_counter = &tmp_counter;
+  // Without load-first workers, store-first workers must leave room for loads themselves:
+  // one fewer store than there are workers, so a waiting load gets the next free worker.
+  s.store_cap_while_loading =
+      c.n_read_threads > 0 ? c.max_stores_in_flight_while_loading
+                           : std::min(c.max_stores_in_flight_while_loading, c.n_write_threads - 1);
   s.io.cuda = s.cuda;
   s.io.cuda_device = c.cuda_device;
 

@@ -1,0 +1,621 @@
+// Block files on a real file system: byte-exact round trips for aligned and unaligned memory
+// and lengths with O_DIRECT on and off; every kind of damage (truncation, flipped payload or
+// header byte, wrong key, wrong fingerprint, wrong length) is a failed block and the file is
+// removed; an existing final file is a counted dedup; concurrent writers of one key (threads,
+// engines, processes) all succeed and leave one valid file and no tmp file.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "engine_helpers.hpp"
+
+extern char** environ;
+
+namespace {
+
+using kvtest::block;
+using kvtest::Memory;
+using kvtest::TempDir;
+using kvtier::Completion;
+using kvtier::Direction;
+using kvtier::Engine;
+using kvtier::EngineConfig;
+using kvtier::ODirectMode;
+
+std::string describe(const Completion& c) {
+  return "job " + std::to_string(c.job_id) + " errno " + std::to_string(c.error.errno_value) +
+         " op '" + c.error.operation + "' path '" + c.error.path + "' " + c.error.message;
+}
+
+// O_DIRECT modes to exercise here: off, auto, and on where the probe says it works.
+std::vector<ODirectMode> o_direct_modes(const TempDir& dir) {
+  std::vector<ODirectMode> modes{ODirectMode::kOff, ODirectMode::kAuto};
+  const std::string why = kvtier::probe_o_direct(dir.path());
+  if (why.empty())
+    modes.push_back(ODirectMode::kOn);
+  else
+    std::printf("  O_DIRECT not supported in %s (%s): o_direct=true not exercised\n",
+                dir.path().c_str(), why.c_str());
+  return modes;
+}
+
+const char* name(ODirectMode m) {
+  return kvtier::to_string(m);
+}
+
+void overwrite(const std::string& path, off_t offset, const void* bytes, std::size_t n) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) FAIL("open " + path);
+  const ssize_t w = ::pwrite(fd, bytes, n, offset);
+  ::close(fd);
+  if (w != static_cast<ssize_t>(n)) FAIL("pwrite " + path);
+}
+
+void flip_byte(const std::string& path, off_t offset) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) FAIL("open " + path);
+  unsigned char b = 0;
+  if (::pread(fd, &b, 1, offset) != 1) FAIL("pread " + path);
+  b ^= 0x20;
+  if (::pwrite(fd, &b, 1, offset) != 1) FAIL("pwrite " + path);
+  ::close(fd);
+}
+
+// Stores a fresh block, applies `damage` to its file, loads it and checks that the load
+// failed with EBADMSG ("verify"), that the file is gone, and that it was counted.
+void expect_corrupt_load(ODirectMode mode, const std::string& what,
+                         const std::function<void(const std::string& path)>& damage,
+                         std::size_t length = 10000, const std::string& load_key = "key",
+                         std::size_t load_length = 0, const std::string& load_fingerprint = "") {
+  TempDir dir;
+  EngineConfig config = kvtest::engine_config(dir, mode);
+  const auto bytes = kvtest::pattern(length, 77);
+  const std::string path = dir / "blk";
+  {
+    Engine writer(config);
+    const Completion s = kvtest::store(writer, 1, path, "key", bytes.data(), bytes.size());
+    CHECK_MSG(s.success, describe(s));
+  }
+  damage(path);
+  if (!load_fingerprint.empty()) config.fingerprint = load_fingerprint;
+  Engine engine(config);
+  const std::size_t n = load_length != 0 ? load_length : length;
+  Memory back(n, 0);
+  const Completion l = kvtest::load(engine, 2, path, load_key, back.data(), n);
+  std::printf("  %s (o_direct=%s): %s\n", what.c_str(), name(mode), l.error.message.c_str());
+  CHECK_MSG(!l.success, what + ": a damaged block was loaded");
+  CHECK_EQ(l.block_errnos.size(), std::size_t{1});
+  CHECK_EQ(l.block_errnos[0], EBADMSG);
+  CHECK_EQ(l.error.errno_value, EBADMSG);
+  CHECK_EQ(l.error.operation, std::string("verify"));
+  CHECK_EQ(l.error.path, path);
+  CHECK(!l.error.message.empty());
+  CHECK_EQ(l.bytes, std::uint64_t{0});
+  CHECK_MSG(!kvtest::file_exists(path), what + ": the bad file was not removed");
+  const auto st = engine.stats();
+  CHECK_EQ(st.corrupt_files_removed, std::uint64_t{1});
+  CHECK_EQ(st.failed_load_blocks, std::uint64_t{1});
+  CHECK_EQ(st.failed_load_jobs, std::uint64_t{1});
+  // Now a clean miss.
+  const Completion again = kvtest::load(engine, 3, path, load_key, back.data(), n);
+  CHECK(!again.success);
+  CHECK_EQ(again.error.errno_value, ENOENT);
+}
+
+}  // namespace
+
+KV_TEST(round_trip_lengths_alignments_and_o_direct_modes) {
+  TempDir dir;
+  const std::size_t lengths[] = {
+      0, 1, 100, 4095, 4096, 4097, 12345, 65536, (std::size_t{1} << 20) + 3};
+  const std::size_t misaligns[] = {0, 1, 8, 512, 4095};
+  int job = 0;
+  for (ODirectMode mode : o_direct_modes(dir)) {
+    EngineConfig config = kvtest::engine_config(dir, mode);
+    Engine engine(config);
+    if (mode == ODirectMode::kOn) CHECK(engine.direct_io());
+    if (mode == ODirectMode::kOff) CHECK(!engine.direct_io());
+    if (mode == ODirectMode::kAuto)
+      CHECK_EQ(engine.direct_io(), engine.o_direct_fallback_reason().empty());
+    for (std::size_t length : lengths) {
+      for (std::size_t misalign : misaligns) {
+        const std::string where = std::string("o_direct=") + name(mode) +
+                                  " length=" + std::to_string(length) +
+                                  " misalign=" + std::to_string(misalign);
+        const auto bytes = kvtest::pattern(length, static_cast<std::uint32_t>(length + misalign));
+        Memory src(length, misalign);
+        src.fill(bytes);
+        const std::string path = dir / (std::string(name(mode)) + "/" + std::to_string(length) +
+                                        "/" + std::to_string(misalign));
+        const Completion s =
+            kvtest::store(engine, ++job, path, "k" + std::to_string(length), src.data(), length);
+        CHECK_MSG(s.success, where + ": " + describe(s));
+        CHECK_EQ(s.bytes, std::uint64_t{length});
+        CHECK_MSG(kvtest::file_size(path) == off_t(kvtier::kHeaderSize + kvtier::align_up(length)),
+                  where);
+        CHECK_MSG(src.equals(bytes), where + ": store modified the source");
+        // Load into memory with a different misalignment than the store used.
+        const std::size_t load_misalign = misalign == 0 ? 3 : 0;
+        Memory dst(length, load_misalign);
+        const Completion l =
+            kvtest::load(engine, ++job, path, "k" + std::to_string(length), dst.data(), length);
+        CHECK_MSG(l.success, where + ": " + describe(l));
+        CHECK_EQ(l.bytes, std::uint64_t{length});
+        CHECK_MSG(dst.equals(bytes), where + ": loaded bytes differ");
+      }
+    }
+    CHECK_EQ(engine.stats().failed_store_blocks + engine.stats().failed_load_blocks,
+             std::uint64_t{0});
+  }
+  CHECK(kvtest::tmp_files_below(dir.path()).empty());
+}
+
+KV_TEST(files_are_readable_whatever_mode_wrote_them) {
+  TempDir dir;
+  const auto modes = o_direct_modes(dir);
+  const std::size_t length = 3 * 4096 + 17;
+  const auto bytes = kvtest::pattern(length, 21);
+  int job = 0;
+  for (ODirectMode writer_mode : modes) {
+    Engine writer(kvtest::engine_config(dir, writer_mode));
+    const std::string path = dir / (std::string("x-") + name(writer_mode));
+    CHECK(kvtest::store(writer, ++job, path, "k", bytes.data(), length).success);
+    for (ODirectMode reader_mode : modes) {
+      Engine reader(kvtest::engine_config(dir, reader_mode));
+      for (std::size_t misalign : {std::size_t{0}, std::size_t{5}}) {
+        Memory dst(length, misalign);
+        const Completion l = kvtest::load(reader, ++job, path, "k", dst.data(), length);
+        CHECK_MSG(l.success,
+                  std::string(name(writer_mode)) + " -> " + name(reader_mode) + ": " + describe(l));
+        CHECK(dst.equals(bytes));
+      }
+    }
+  }
+}
+
+KV_TEST(one_staging_buffer_moves_large_unaligned_blocks) {
+  // One 1 MiB staging buffer for everything: unaligned multi-MiB blocks go through it in
+  // pieces (under O_DIRECT), from several workers at once (they take turns on the buffer).
+  TempDir dir;
+  EngineConfig config = kvtest::engine_config(dir, ODirectMode::kAuto, 2, 2);
+  config.staging_buffer_bytes = std::size_t{1} << 20;
+  config.staging_bytes_total = config.staging_buffer_bytes;
+  Engine engine(config);
+  const std::size_t length = 3 * (std::size_t{1} << 20) + 5;
+  std::vector<std::vector<unsigned char>> payloads;
+  std::vector<std::unique_ptr<Memory>> src, dst;
+  std::vector<kvtier::BlockOp> stores, loads;
+  for (int i = 0; i < 4; ++i) {
+    payloads.push_back(kvtest::pattern(length, 300 + i));
+    src.push_back(std::make_unique<Memory>(length, 1 + i));
+    src.back()->fill(payloads.back());
+    dst.push_back(std::make_unique<Memory>(length, 7 + i));
+    stores.push_back(block(dir / ("big" + std::to_string(i)), "big", src.back()->data(), length));
+    loads.push_back(block(dir / ("big" + std::to_string(i)), "big", dst.back()->data(), length));
+  }
+  const Completion s = kvtest::run_job(engine, 1, Direction::kStore, stores);
+  CHECK_MSG(s.success, describe(s));
+  const Completion l = kvtest::run_job(engine, 2, Direction::kLoad, loads);
+  CHECK_MSG(l.success, describe(l));
+  for (int i = 0; i < 4; ++i) CHECK(dst[i]->equals(payloads[i]));
+}
+
+KV_TEST(host_segments_round_trip_and_match_contiguous_files) {
+  // A payload given as segments (unaligned, odd lengths, one empty) writes the same file a
+  // contiguous buffer does, and either form loads what the other stored.
+  TempDir dir;
+  const std::size_t lengths[] = {5000, 0, 1, 4096, 70000, 123};
+  std::size_t total = 0;
+  for (std::size_t n : lengths) total += n;
+  const auto bytes = kvtest::pattern(total, 55);
+  int job = 0;
+  for (ODirectMode mode : o_direct_modes(dir)) {
+    EngineConfig config = kvtest::engine_config(dir, mode);
+    config.staging_buffer_bytes = 16384;  // several pieces per block, pieces straddle segments
+    config.staging_bytes_total = 2 * 16384;
+    Engine engine(config);
+    std::vector<std::unique_ptr<Memory>> parts;
+    auto make_segments = [&](bool fill) {
+      std::vector<kvtier::Segment> segs;
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < std::size(lengths); ++i) {
+        parts.push_back(std::make_unique<Memory>(lengths[i], 1 + i * 3));
+        if (fill) std::memcpy(parts.back()->data(), bytes.data() + at, lengths[i]);
+        segs.push_back({parts.back()->data(), lengths[i], kvtier::MemoryKind::kHost});
+        at += lengths[i];
+      }
+      return segs;
+    };
+    auto seg_block = [&](const std::string& path, std::vector<kvtier::Segment> segs) {
+      kvtier::BlockOp op;
+      op.path = path;
+      op.key = "seg";
+      op.segments = std::move(segs);
+      return op;
+    };
+    const std::string seg_path = dir / (std::string("seg-") + name(mode));
+    const std::string flat_path = dir / (std::string("flat-") + name(mode));
+    Completion c = kvtest::run_job(engine, ++job, Direction::kStore,
+                                   {seg_block(seg_path, make_segments(true))});
+    CHECK_MSG(c.success, describe(c));
+    CHECK_EQ(c.bytes, std::uint64_t{total});
+    CHECK(kvtest::store(engine, ++job, flat_path, "seg", bytes.data(), total).success);
+    // Same key, payload and fingerprint: byte-identical files.
+    std::vector<unsigned char> a(static_cast<std::size_t>(kvtest::file_size(seg_path)));
+    std::vector<unsigned char> b(static_cast<std::size_t>(kvtest::file_size(flat_path)));
+    CHECK_EQ(a.size(), b.size());
+    FILE* fa = std::fopen(seg_path.c_str(), "rb");
+    FILE* fb = std::fopen(flat_path.c_str(), "rb");
+    CHECK(fa != nullptr && fb != nullptr);
+    CHECK_EQ(std::fread(a.data(), 1, a.size(), fa), a.size());
+    CHECK_EQ(std::fread(b.data(), 1, b.size(), fb), b.size());
+    std::fclose(fa);
+    std::fclose(fb);
+    CHECK_MSG(a == b, std::string("segment and contiguous stores differ, o_direct=") + name(mode));
+    // Segments load from either file.
+    for (const std::string& path : {seg_path, flat_path}) {
+      const std::size_t first = parts.size();
+      c = kvtest::run_job(engine, ++job, Direction::kLoad, {seg_block(path, make_segments(false))});
+      CHECK_MSG(c.success, describe(c));
+      std::vector<unsigned char> joined;
+      for (std::size_t i = first; i < parts.size(); ++i)
+        joined.insert(joined.end(), parts[i]->data(), parts[i]->data() + parts[i]->size());
+      CHECK(joined == bytes);
+    }
+    // And a contiguous load reads the segment-written file.
+    Memory flat(total, 9);
+    CHECK(kvtest::load(engine, ++job, seg_path, "seg", flat.data(), total).success);
+    CHECK(flat.equals(bytes));
+    // Damage is caught on the segment path too.
+    flip_byte(seg_path, 4096 + 70000);
+    c = kvtest::run_job(engine, ++job, Direction::kLoad,
+                        {seg_block(seg_path, make_segments(false))});
+    CHECK(!c.success);
+    CHECK_EQ(c.error.errno_value, EBADMSG);
+    CHECK(!kvtest::file_exists(seg_path));
+  }
+}
+
+KV_TEST(o_direct_modes_report_what_they_do) {
+  TempDir dir;
+  const std::string why = kvtier::probe_o_direct(dir.path());
+  Engine automatic(kvtest::engine_config(dir, ODirectMode::kAuto));
+  CHECK_EQ(automatic.direct_io(), why.empty());
+  CHECK_EQ(automatic.o_direct_fallback_reason().empty(), why.empty());
+  if (why.empty()) {
+    Engine on(kvtest::engine_config(dir, ODirectMode::kOn));
+    CHECK(on.direct_io());
+  } else {
+    bool threw = false;
+    try {
+      Engine on(kvtest::engine_config(dir, ODirectMode::kOn));
+    } catch (const kvtier::SystemError& e) {
+      threw = true;
+      CHECK_EQ(e.path(), dir.path());
+      CHECK_EQ(e.code().value(), EINVAL);
+    }
+    CHECK_MSG(threw, "o_direct=true on a directory without O_DIRECT did not throw");
+  }
+  // The probe leaves nothing behind.
+  std::size_t entries = 0;
+  for (auto it = std::filesystem::directory_iterator(dir.path());
+       it != std::filesystem::directory_iterator(); ++it)
+    ++entries;
+  CHECK_EQ(entries, std::size_t{0});
+}
+
+KV_TEST(truncated_files_fail_and_are_removed) {
+  for (ODirectMode mode : {ODirectMode::kOff, ODirectMode::kAuto}) {
+    // Payload 10000 bytes -> file 4096 + 12288.
+    for (off_t size : {off_t{0}, off_t{100}, off_t{4095}, off_t{4096}, off_t{4096 + 5000},
+                       off_t{4096 + 8192}, off_t{4096 + 9999}}) {
+      expect_corrupt_load(
+          mode, "truncated to " + std::to_string(size),
+          [size](const std::string& path) { CHECK(::truncate(path.c_str(), size) == 0); });
+    }
+  }
+}
+
+KV_TEST(payload_checksum_mismatch_fails_and_removes_the_file) {
+  for (ODirectMode mode : {ODirectMode::kOff, ODirectMode::kAuto}) {
+    for (off_t at : {off_t{4096}, off_t{4096 + 4321}, off_t{4096 + 9999}}) {
+      expect_corrupt_load(mode, "flipped payload byte " + std::to_string(at),
+                          [at](const std::string& path) { flip_byte(path, at); });
+    }
+  }
+}
+
+KV_TEST(header_damage_fails_and_removes_the_file) {
+  for (off_t at : {off_t{0}, off_t{8}, off_t{12}, off_t{16}, off_t{72}, off_t{3000}}) {
+    expect_corrupt_load(ODirectMode::kAuto, "flipped header byte " + std::to_string(at),
+                        [at](const std::string& path) { flip_byte(path, at); });
+  }
+  expect_corrupt_load(ODirectMode::kOff, "zeroed header", [](const std::string& path) {
+    std::vector<unsigned char> zeros(4096, 0);
+    overwrite(path, 0, zeros.data(), zeros.size());
+  });
+}
+
+KV_TEST(key_mismatch_fails_and_removes_the_file) {
+  auto none = [](const std::string&) {};
+  expect_corrupt_load(ODirectMode::kOff, "other key", none, 10000, "kez");
+  expect_corrupt_load(ODirectMode::kAuto, "longer key", none, 10000, "key2");
+  expect_corrupt_load(ODirectMode::kAuto, "empty key", none, 10000, "");
+}
+
+KV_TEST(fingerprint_mismatch_fails_and_removes_the_file) {
+  auto none = [](const std::string&) {};
+  expect_corrupt_load(ODirectMode::kOff, "other fingerprint", none, 10000, "key", 0,
+                      "other-layout");
+  expect_corrupt_load(ODirectMode::kAuto, "other fingerprint", none, 10000, "key", 0,
+                      "test-fingerprinT");
+}
+
+KV_TEST(payload_length_mismatch_fails_and_removes_the_file) {
+  auto none = [](const std::string&) {};
+  expect_corrupt_load(ODirectMode::kOff, "shorter expected length", none, 10000, "key", 9999);
+  expect_corrupt_load(ODirectMode::kAuto, "longer expected length", none, 10000, "key", 10001);
+}
+
+KV_TEST(a_missing_file_is_a_clean_miss) {
+  TempDir dir;
+  Engine engine(kvtest::engine_config(dir, ODirectMode::kAuto));
+  std::vector<unsigned char> back(100);
+  const Completion l = kvtest::load(engine, 1, dir / "nope", "k", back.data(), back.size());
+  CHECK(!l.success);
+  CHECK_EQ(l.error.errno_value, ENOENT);
+  CHECK_EQ(l.error.operation, std::string("open"));
+  CHECK_EQ(l.error.path, dir / "nope");
+  CHECK_EQ(engine.stats().corrupt_files_removed, std::uint64_t{0});
+}
+
+KV_TEST(partly_failed_load_keeps_the_blocks_that_arrived) {
+  TempDir dir;
+  Engine engine(kvtest::engine_config(dir, ODirectMode::kAuto));
+  const auto a = kvtest::pattern(5000, 1), c = kvtest::pattern(7000, 3);
+  CHECK(kvtest::store(engine, 1, dir / "a", "a", a.data(), a.size()).success);
+  CHECK(kvtest::store(engine, 2, dir / "c", "c", c.data(), c.size()).success);
+  std::vector<unsigned char> ba(a.size()), bb(100), bc(c.size());
+  const Completion l = kvtest::run_job(
+      engine, 3, Direction::kLoad,
+      {block(dir / "a", "a", ba.data(), ba.size()), block(dir / "b", "b", bb.data(), bb.size()),
+       block(dir / "c", "c", bc.data(), bc.size())});
+  CHECK(!l.success);
+  CHECK(l.block_errnos == (std::vector<int>{0, ENOENT, 0}));
+  CHECK_EQ(l.error.errno_value, ENOENT);
+  CHECK_EQ(l.error.path, dir / "b");
+  CHECK_EQ(l.bytes, std::uint64_t{5000 + 7000});
+  CHECK(ba == a);
+  CHECK(bc == c);
+  const auto st = engine.stats();
+  CHECK_EQ(st.load_blocks, std::uint64_t{2});
+  CHECK_EQ(st.failed_load_blocks, std::uint64_t{1});
+  CHECK_EQ(st.failed_load_jobs, std::uint64_t{1});
+}
+
+KV_TEST(existing_final_file_is_a_counted_dedup) {
+  TempDir dir;
+  Engine engine(kvtest::engine_config(dir, ODirectMode::kAuto));
+  const auto first = kvtest::pattern(6000, 1), second = kvtest::pattern(6000, 2);
+  const std::string path = dir / "d/blk";
+  CHECK(kvtest::store(engine, 1, path, "k", first.data(), first.size()).success);
+  struct stat before, after;
+  CHECK(::stat(path.c_str(), &before) == 0);
+  const Completion s = kvtest::store(engine, 2, path, "k", second.data(), second.size());
+  CHECK_MSG(s.success, describe(s));
+  CHECK(s.block_errnos == std::vector<int>{0});
+  CHECK(::stat(path.c_str(), &after) == 0);
+  CHECK_EQ(after.st_ino, before.st_ino);  // the file was left alone
+  CHECK_EQ(engine.stats().dedup_skips, std::uint64_t{1});
+  std::vector<unsigned char> back(first.size());
+  CHECK(kvtest::load(engine, 3, path, "k", back.data(), back.size()).success);
+  CHECK(back == first);
+  CHECK(kvtest::tmp_files_below(dir.path()).empty());
+}
+
+KV_TEST(durability_and_checksum_options_round_trip) {
+  TempDir dir;
+  int job = 0;
+  for (kvtier::Durability d :
+       {kvtier::Durability::kNone, kvtier::Durability::kData, kvtier::Durability::kFull}) {
+    for (kvtier::Checksum c : {kvtier::Checksum::kCrc32c, kvtier::Checksum::kNone}) {
+      EngineConfig config = kvtest::engine_config(dir, ODirectMode::kAuto);
+      config.durability = d;
+      config.checksum = c;
+      Engine engine(config);
+      const auto bytes = kvtest::pattern(9000, static_cast<std::uint32_t>(job));
+      const std::string path =
+          dir / (std::string(kvtier::to_string(d)) + "-" + kvtier::to_string(c));
+      const Completion s = kvtest::store(engine, ++job, path, "k", bytes.data(), bytes.size());
+      CHECK_MSG(s.success, describe(s));
+      std::vector<unsigned char> back(bytes.size());
+      const Completion l = kvtest::load(engine, ++job, path, "k", back.data(), back.size());
+      CHECK_MSG(l.success, describe(l));
+      CHECK(back == bytes);
+    }
+  }
+  // A file written without a payload checksum loads under a checksumming engine (the header
+  // says "none"), and one written with a checksum loads under a non-checksumming engine.
+  EngineConfig with = kvtest::engine_config(dir, ODirectMode::kOff);
+  EngineConfig without = with;
+  without.checksum = kvtier::Checksum::kNone;
+  Engine e_with(with), e_without(without);
+  const auto bytes = kvtest::pattern(5000, 5);
+  std::vector<unsigned char> back(bytes.size());
+  CHECK(kvtest::store(e_without, 100, dir / "n", "k", bytes.data(), bytes.size()).success);
+  CHECK(kvtest::load(e_with, 101, dir / "n", "k", back.data(), back.size()).success);
+  CHECK(back == bytes);
+  CHECK(kvtest::store(e_with, 102, dir / "w", "k", bytes.data(), bytes.size()).success);
+  std::fill(back.begin(), back.end(), 0);
+  CHECK(kvtest::load(e_without, 103, dir / "w", "k", back.data(), back.size()).success);
+  CHECK(back == bytes);
+}
+
+KV_TEST(concurrent_writers_of_one_key_threads_one_engine) {
+  // Many jobs of one engine store the same key at once (from several submitting threads).
+  TempDir dir;
+  Engine engine(kvtest::engine_config(dir, ODirectMode::kAuto, 2, 6));
+  const auto bytes = kvtest::pattern(200000, 42);
+  constexpr int kRounds = 20, kWriters = 8;
+  for (int round = 0; round < kRounds; ++round) {
+    const std::string path = dir / ("k/" + std::to_string(round));
+    std::vector<std::jthread> submitters;
+    for (int w = 0; w < kWriters; ++w)
+      submitters.emplace_back([&, w] {
+        engine.submit(
+            round * 100 + w, Direction::kStore,
+            {block(path, "same", const_cast<unsigned char*>(bytes.data()), bytes.size())});
+      });
+    for (auto& t : submitters) t.join();
+    std::vector<Completion> got;
+    kvtest::pop_exactly(engine, kWriters, got);
+    for (const auto& c : got) CHECK_MSG(c.success, describe(c));
+  }
+  // Every key: exactly one writer published, the others were dedups.
+  CHECK_EQ(engine.stats().dedup_skips, std::uint64_t{kRounds * (kWriters - 1)});
+  CHECK(kvtest::tmp_files_below(dir.path()).empty());
+  std::vector<unsigned char> back(bytes.size());
+  for (int round = 0; round < kRounds; ++round) {
+    const Completion l = kvtest::load(engine, 10000 + round, dir / ("k/" + std::to_string(round)),
+                                      "same", back.data(), back.size());
+    CHECK_MSG(l.success, describe(l));
+    CHECK(back == bytes);
+  }
+}
+
+// Several engines in one process writing the same keys at once: tmp names must not collide.
+KV_TEST(concurrent_writers_of_one_key_several_engines_one_process) {
+  TempDir dir;
+  const auto bytes = kvtest::pattern(8192 + 5, 43);
+  constexpr int kEngines = 4, kKeys = 200;
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int e = 0; e < kEngines; ++e)
+    engines.push_back(
+        std::make_unique<Engine>(kvtest::engine_config(dir, ODirectMode::kAuto, 1, 1)));
+  std::atomic<bool> go{false};
+  std::vector<std::vector<Completion>> results(kEngines);
+  std::vector<std::jthread> threads;
+  for (int e = 0; e < kEngines; ++e)
+    threads.emplace_back([&, e] {
+      while (!go.load()) std::this_thread::yield();
+      for (int k = 0; k < kKeys; ++k)
+        engines[e]->submit(k, Direction::kStore,
+                           {block(dir / ("k/" + std::to_string(k)), "same",
+                                  const_cast<unsigned char*>(bytes.data()), bytes.size())});
+      engines[e]->drain();
+      results[e] = engines[e]->pop_completions();
+    });
+  go.store(true);
+  for (auto& t : threads) t.join();
+  int failures = 0;
+  std::string first_failure;
+  for (int e = 0; e < kEngines; ++e) {
+    CHECK_EQ(results[e].size(), std::size_t{kKeys});
+    for (const auto& c : results[e])
+      if (!c.success && failures++ == 0) first_failure = describe(c);
+  }
+  CHECK_MSG(failures == 0,
+            std::to_string(failures) + " concurrent stores failed, first: " + first_failure);
+  CHECK(kvtest::tmp_files_below(dir.path()).empty());
+  std::vector<unsigned char> back(bytes.size());
+  for (int k = 0; k < kKeys; ++k) {
+    const Completion l = kvtest::load(*engines[0], 1000 + k, dir / ("k/" + std::to_string(k)),
+                                      "same", back.data(), back.size());
+    CHECK_MSG(l.success, describe(l));
+    CHECK(back == bytes);
+  }
+}
+
+// Child mode of the multi-process test: `test_block_files --writer <dir> <keys>` stores every
+// key once with its own engine and exits 0 only if every store succeeded.
+static int writer_main(const std::string& dir, int keys) {
+  EngineConfig config;
+  config.root_dir = dir;
+  config.fingerprint = "test-fingerprint";
+  config.n_read_threads = 1;
+  config.n_write_threads = 2;
+  Engine engine(config);
+  const auto bytes = kvtest::pattern(100000, 44);
+  for (int k = 0; k < keys; ++k)
+    engine.submit(k, Direction::kStore,
+                  {block(dir + "/k/" + std::to_string(k), "same",
+                         const_cast<unsigned char*>(bytes.data()), bytes.size())});
+  engine.drain();
+  int failed = 0;
+  for (const auto& c : engine.pop_completions())
+    if (!c.success) {
+      std::fprintf(stderr, "writer %d: %s\n", static_cast<int>(::getpid()), describe(c).c_str());
+      ++failed;
+    }
+  return failed == 0 ? 0 : 1;
+}
+
+namespace {
+struct WriterMode {
+  WriterMode() {
+    // Runs before the tests are run (static initialisation); the parent never passes --writer.
+    std::FILE* f = std::fopen("/proc/self/cmdline", "rb");
+    if (f == nullptr) return;
+    std::vector<std::string> args;
+    std::string arg;
+    for (int ch; (ch = std::fgetc(f)) != EOF;) {
+      if (ch == '\0') {
+        args.push_back(arg);
+        arg.clear();
+      } else {
+        arg.push_back(static_cast<char>(ch));
+      }
+    }
+    std::fclose(f);
+    if (args.size() == 4 && args[1] == "--writer")
+      std::exit(writer_main(args[2], std::stoi(args[3])));
+  }
+};
+}  // namespace
+
+KV_TEST(concurrent_writers_of_one_key_processes) {
+  // Several processes (each with its own engine) store the same keys at once.
+  TempDir dir;
+  constexpr int kProcesses = 4, kKeys = 50;
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  CHECK(n > 0);
+  self[n] = '\0';
+  const std::string keys = std::to_string(kKeys);
+  std::vector<pid_t> pids;
+  for (int p = 0; p < kProcesses; ++p) {
+    std::vector<std::string> args{self, "--writer", dir.path(), keys};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    CHECK_EQ(::posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ), 0);
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    CHECK_EQ(::waitpid(pid, &status, 0), pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "a writer process failed (status " + std::to_string(status) + ")");
+  }
+  CHECK(kvtest::tmp_files_below(dir.path()).empty());
+  Engine engine(kvtest::engine_config(dir, ODirectMode::kAuto));
+  const auto bytes = kvtest::pattern(100000, 44);
+  std::vector<unsigned char> back(bytes.size());
+  for (int k = 0; k < kKeys; ++k) {
+    const Completion l =
+        kvtest::load(engine, k, dir / ("k/" + std::to_string(k)), "same", back.data(), back.size());
+    CHECK_MSG(l.success, describe(l));
+    CHECK(back == bytes);
+  }
+}
+
+static const WriterMode kWriterMode;

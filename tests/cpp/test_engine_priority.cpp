@@ -1,0 +1,232 @@
+// Scheduling: loads before stores, the store cap while loads wait, FIFO within a queue, and
+// no starvation. Workers are parked deterministically on FIFO "gates" (see engine_helpers.hpp)
+// while the queues are filled, so each test starts from a known queue state; no sleeps and
+// no timing assertions. Where the outcome also depends on the OS scheduling the workers
+// (several workers, a shared 2-core machine), the operations go to the device (O_DIRECT,
+// fdatasync) so that a worker waiting for a CPU costs a few operations, and the bounds
+// checked leave a wide margin (half the backlog).
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "engine_helpers.hpp"
+
+namespace {
+
+using kvtest::block;
+using kvtest::Gate;
+using kvtest::TempDir;
+using kvtier::Completion;
+using kvtier::Direction;
+using kvtier::Engine;
+using kvtier::EngineConfig;
+
+constexpr kvtier::JobId kGateIdBase = 1000000;
+constexpr kvtier::JobId kLoadIdBase = 2000000;
+constexpr std::size_t kBlock = 64 * 1024;
+
+struct Fixture {
+  TempDir dir;
+  std::unique_ptr<Engine> engine;  // destroyed first (see ~Fixture)
+  std::vector<unsigned char> payload = kvtest::pattern(kBlock, 1);
+  std::vector<std::unique_ptr<Gate>> gates;
+  std::vector<unsigned char> scratch = std::vector<unsigned char>(kBlock);
+  std::vector<std::vector<unsigned char>> load_buffers;
+
+  ~Fixture() {
+    gates.clear();  // lets any worker still parked go (a test that failed early)
+    engine.reset();
+  }
+
+  Engine& start(const EngineConfig& config) {
+    engine = std::make_unique<Engine>(config);
+    return *engine;
+  }
+
+  std::string store_path(int i) const { return dir / ("s/" + std::to_string(i)); }
+  std::string load_path(int i) const { return dir / ("l/" + std::to_string(i)); }
+
+  // Files the loads will read, written by a throwaway engine with the same fingerprint.
+  void prepare_load_files(const EngineConfig& config, int n) {
+    Engine writer(config);
+    for (int i = 0; i < n; ++i)
+      CHECK(kvtest::store(writer, i, load_path(i), "L" + std::to_string(i), payload.data(), kBlock)
+                .success);
+    load_buffers.assign(static_cast<std::size_t>(n), std::vector<unsigned char>(kBlock));
+  }
+
+  // Parks `n` workers, one per gate, and waits until all of them are inside their load.
+  void park(Engine& engine, int n) {
+    for (int i = 0; i < n; ++i) {
+      gates.push_back(std::make_unique<Gate>(dir / ("gate" + std::to_string(i))));
+      engine.submit(kGateIdBase + i, Direction::kLoad, {gates.back()->op(scratch.data(), kBlock)});
+    }
+    kvtest::wait_until(
+        [&] { return engine.stats().running_loads == static_cast<std::uint64_t>(n); },
+        "every worker is parked on a gate");
+  }
+
+  void release_all() {
+    for (auto& g : gates) g->release();
+  }
+
+  void submit_stores(Engine& engine, int n) {
+    for (int i = 0; i < n; ++i)
+      engine.submit(i, Direction::kStore,
+                    {block(store_path(i), "S" + std::to_string(i), payload.data(), kBlock)});
+  }
+
+  void submit_load(Engine& engine, int i) {
+    engine.submit(kLoadIdBase + i, Direction::kLoad,
+                  {block(load_path(i), "L" + std::to_string(i), load_buffers[i].data(), kBlock)});
+  }
+};
+
+bool is_gate(const Completion& c) {
+  return c.job_id >= kGateIdBase && c.job_id < kLoadIdBase;
+}
+bool is_load(const Completion& c) {
+  return c.job_id >= kLoadIdBase;
+}
+
+// Completions in the order they were published, without the gate jobs. Checks every job
+// succeeded (gates fail by construction: a FIFO cannot be pread).
+std::vector<Completion> ordered_work(std::vector<Completion> all) {
+  std::vector<Completion> work;
+  for (auto& c : all) {
+    if (is_gate(c)) {
+      CHECK_EQ(c.block_errnos.size(), std::size_t{1});
+      CHECK_EQ(c.block_errnos[0], ESPIPE);
+      continue;
+    }
+    CHECK_MSG(c.success, "job " + std::to_string(c.job_id) + ": " + c.error.message + " " +
+                             c.error.operation + " " + c.error.path);
+    work.push_back(std::move(c));
+  }
+  return work;
+}
+
+// How many stores completed before the first load did.
+std::size_t stores_before_first_load(const std::vector<Completion>& work) {
+  std::size_t n = 0;
+  for (const auto& c : work) {
+    if (is_load(c)) return n;
+    ++n;
+  }
+  FAIL("no load completed");
+}
+
+// The scenario of the issue: a long store backlog, then one load. Every worker is parked
+// while the backlog and the load are queued, then all are let go at once. The load must not
+// wait for the backlog, and while it is queued or running at most `cap` stores may run.
+void load_overtakes_store_backlog(unsigned readers, unsigned writers, unsigned cap) {
+  Fixture f;
+  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kAuto, readers, writers);
+  config.max_stores_in_flight_while_loading = cap;
+  config.durability = kvtier::Durability::kData;  // each store waits for the device
+  f.prepare_load_files(config, 1);
+  Engine& engine = f.start(config);
+  const int workers = static_cast<int>(readers + writers);
+  f.park(engine, workers);
+  // A backlog long enough that scheduling noise on a busy machine (a load-first worker not
+  // yet back from its gate while store-first ones run) stays far below the bound checked.
+  constexpr int kStores = 200;
+  f.submit_stores(engine, kStores);
+  f.submit_load(engine, 0);
+  CHECK_EQ(engine.stats().queued_stores, std::uint64_t{kStores});
+  CHECK_EQ(engine.stats().queued_loads, std::uint64_t{1});
+
+  // Sample the invariant while the work runs (a sample can only fail on a real violation).
+  std::atomic<std::uint64_t> worst{0};
+  std::jthread sampler([&](std::stop_token stop) {
+    while (!stop.stop_requested()) {
+      const auto st = engine.stats();
+      if (st.queued_loads + st.running_loads > 0 && st.running_stores > worst.load())
+        worst.store(st.running_stores);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));  // leave the CPUs to the workers
+    }
+  });
+  f.release_all();
+  std::vector<Completion> all;
+  kvtest::pop_exactly(engine, static_cast<std::size_t>(workers + kStores + 1), all);
+  sampler.request_stop();
+  sampler.join();
+
+  const auto work = ordered_work(std::move(all));
+  const std::size_t before = stores_before_first_load(work);
+  std::printf(
+      "  readers=%u writers=%u cap=%u: %zu of %d stores completed before the load; "
+      "max stores running while a load was active: %llu\n",
+      readers, writers, cap, before, kStores, static_cast<unsigned long long>(worst.load()));
+  CHECK_MSG(worst.load() <= cap, "store cap exceeded while a load was waiting or running");
+  // The load may wait for the stores already at the device, not for the backlog.
+  CHECK_MSG(before < kStores / 2, "the load waited behind the store backlog");
+  CHECK(f.load_buffers[0] == f.payload);
+}
+
+}  // namespace
+
+KV_TEST(loads_before_stores_fifo_within_each_queue) {
+  // One load-first worker: once let go it serves every queued load (in submission order)
+  // before the stores that were queued earlier, then the stores in submission order.
+  Fixture f;
+  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 1, 0);
+  f.prepare_load_files(config, 3);
+  Engine& engine = f.start(config);
+  f.park(engine, 1);
+  f.submit_stores(engine, 5);
+  for (int i = 0; i < 3; ++i) f.submit_load(engine, i);
+  f.release_all();
+  std::vector<Completion> all;
+  kvtest::pop_exactly(engine, 1 + 5 + 3, all);
+  const auto work = ordered_work(std::move(all));
+  const std::vector<kvtier::JobId> want = {
+      kLoadIdBase, kLoadIdBase + 1, kLoadIdBase + 2, 0, 1, 2, 3, 4};
+  std::vector<kvtier::JobId> got;
+  for (const auto& c : work) got.push_back(c.job_id);
+  CHECK(got == want);
+  for (const auto& b : f.load_buffers) CHECK(b == f.payload);
+}
+
+KV_TEST(store_first_worker_serves_a_store_behind_a_load_flood) {
+  // Nothing starves: with a load flood queued, the store-first worker still takes the store.
+  Fixture f;
+  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kAuto, 1, 1);
+  constexpr int kLoads = 400;
+  f.prepare_load_files(config, kLoads);
+  Engine& engine = f.start(config);
+  f.park(engine, 2);
+  for (int i = 0; i < kLoads; ++i) f.submit_load(engine, i);
+  f.submit_stores(engine, 1);
+  f.release_all();
+  std::vector<Completion> all;
+  kvtest::pop_exactly(engine, 2 + kLoads + 1, all);
+  const auto work = ordered_work(std::move(all));
+  std::size_t loads_before = 0;
+  for (const auto& c : work) {
+    if (!is_load(c)) break;
+    ++loads_before;
+  }
+  std::printf("  %zu of %d loads completed before the store\n", loads_before, kLoads);
+  CHECK_MSG(loads_before < kLoads / 2, "the store waited behind the load flood");
+}
+
+KV_TEST(load_overtakes_store_backlog_1r_1w_cap2) {
+  load_overtakes_store_backlog(1, 1, 2);
+}
+KV_TEST(load_overtakes_store_backlog_2r_2w_cap1) {
+  load_overtakes_store_backlog(2, 2, 1);
+}
+KV_TEST(load_overtakes_store_backlog_1r_4w_cap2) {
+  load_overtakes_store_backlog(1, 4, 2);
+}
+KV_TEST(load_overtakes_store_backlog_0r_2w_cap1) {
+  load_overtakes_store_backlog(0, 2, 1);
+}
+
+// No load-first worker and fewer store-first workers than the cap: the store-first worker
+// must still serve a waiting load before the rest of the backlog.
+KV_TEST(load_overtakes_store_backlog_0r_1w_cap2) {
+  load_overtakes_store_backlog(0, 1, 2);
+}
