@@ -24,6 +24,17 @@ bool is_aligned(const void* p) noexcept {
   return reinterpret_cast<std::uintptr_t>(p) % kAlignment == 0;
 }
 
+// Payloads that cannot go to the file in place move through a staging buffer as segments:
+// the op's own segments, or its contiguous buffer as one host segment when O_DIRECT meets
+// unaligned memory. Returns nullptr when the payload goes in place.
+const std::vector<Segment>* staged_segments(const BlockOp& op, bool direct,
+                                            std::vector<Segment>& scratch) {
+  if (!op.segments.empty()) return &op.segments;
+  if (!direct || is_aligned(op.data) || op.length == 0) return nullptr;
+  scratch = {{op.data, op.length, MemoryKind::kHost}};
+  return &scratch;
+}
+
 BlockResult failure(int error, const char* operation, const std::string& path,
                     std::string message = {}) {
   BlockResult r;
@@ -58,8 +69,8 @@ StepError cuda_failure(const cuda::Api& api, cuda::Error e, const char* operatio
 // runtimes without the batch call), followed by one stream synchronisation per piece.
 class SegmentCopier {
  public:
-  SegmentCopier(const IoContext& ctx, WorkerContext& worker, const BlockOp& op)
-      : ctx_(ctx), worker_(worker), segments_(op.segments) {}
+  SegmentCopier(const IoContext& ctx, WorkerContext& worker, const std::vector<Segment>& segments)
+      : ctx_(ctx), worker_(worker), segments_(segments) {}
   // Work left on the stream after a failure (copies queued before the failing call, a wait on
   // the submitter's event) must retire before the staging buffer is reused and the job's
   // event is destroyed.
@@ -203,36 +214,22 @@ void encode(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, std:
                 crc);
 }
 
-// One contiguous host buffer, O_DIRECT: every address, length and offset a multiple of
-// kAlignment.
+// One contiguous, page-aligned host buffer with O_DIRECT: caller memory goes to the device in
+// place; only a partial last page is copied (O_DIRECT lengths are multiples of kAlignment).
 StepError write_contiguous_direct(const IoContext& ctx, WorkerContext& worker, int fd,
                                   const BlockOp& op) {
   encode(ctx, worker, op, op.length, payload_crc(ctx, op));
   const auto* data = static_cast<const unsigned char*>(op.data);
-  if (is_aligned(data)) {
-    // Caller memory goes to the device in place; only a partial last page is copied.
-    const std::size_t body = op.length / kAlignment * kAlignment;
-    const std::size_t rest = op.length - body;
-    std::vector<iovec> iov{{worker.header.data(), kHeaderSize}};
-    if (body > 0) iov.push_back({const_cast<unsigned char*>(data), body});
-    if (rest > 0) {
-      std::memcpy(worker.tail.data(), data + body, rest);
-      std::memset(worker.tail.data() + rest, 0, kAlignment - rest);
-      iov.push_back({worker.tail.data(), kAlignment});
-    }
-    return {pwritev_full(fd, std::move(iov), 0), "pwrite"};
+  const std::size_t body = op.length / kAlignment * kAlignment;
+  const std::size_t rest = op.length - body;
+  std::vector<iovec> iov{{worker.header.data(), kHeaderSize}};
+  if (body > 0) iov.push_back({const_cast<unsigned char*>(data), body});
+  if (rest > 0) {
+    std::memcpy(worker.tail.data(), data + body, rest);
+    std::memset(worker.tail.data() + rest, 0, kAlignment - rest);
+    iov.push_back({worker.tail.data(), kAlignment});
   }
-  if (int e = pwritev_full(fd, {{worker.header.data(), kHeaderSize}}, 0)) return {e, "pwrite"};
-  auto lease = ctx.staging->acquire();
-  for (std::size_t done = 0; done < op.length; done += lease.size()) {
-    const std::size_t n = std::min(lease.size(), op.length - done);
-    const std::size_t padded = align_up(n);
-    std::memcpy(lease.data(), data + done, n);
-    std::memset(lease.data() + n, 0, padded - n);
-    if (int e = pwritev_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done)))
-      return {e, "pwrite"};
-  }
-  return {};
+  return {pwritev_full(fd, std::move(iov), 0), "pwrite"};
 }
 
 StepError write_contiguous_buffered(const IoContext& ctx, WorkerContext& worker, int fd,
@@ -248,10 +245,10 @@ StepError write_contiguous_buffered(const IoContext& ctx, WorkerContext& worker,
 // Segments: gathered piece by piece into a staging buffer and written from there; the header
 // goes last, once the payload checksum is known.
 StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
-                         cuda::Event ready) {
+                         const std::vector<Segment>& segments, cuda::Event ready) {
   // The lease outlives the copier, whose destructor retires copies still using the buffer.
   auto lease = ctx.staging->acquire();
-  SegmentCopier copier(ctx, worker, op);
+  SegmentCopier copier(ctx, worker, segments);
   if (StepError e = copier.wait_for(ready)) return e;
   const std::size_t total = op.payload_length();
   const bool want_crc = ctx.config->checksum == Checksum::kCrc32c;
@@ -317,9 +314,11 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const 
   // open() applies the process umask, which may change at any time; fchmod makes file_mode
   // exact (reading the umask would mean setting it, racing other threads' file creation).
   if (::fchmod(fd.get(), config.file_mode) != 0) return fail(errno, "fchmod");
-  StepError written = !op.segments.empty() ? write_segments(ctx, worker, fd.get(), op, ready)
-                      : direct             ? write_contiguous_direct(ctx, worker, fd.get(), op)
-                                           : write_contiguous_buffered(ctx, worker, fd.get(), op);
+  std::vector<Segment> scratch;
+  const std::vector<Segment>* staged = staged_segments(op, direct, scratch);
+  StepError written = staged   ? write_segments(ctx, worker, fd.get(), op, *staged, ready)
+                      : direct ? write_contiguous_direct(ctx, worker, fd.get(), op)
+                               : write_contiguous_buffered(ctx, worker, fd.get(), op);
   if (written) return fail(written.error, written.operation, std::move(written.message));
   if (config.durability != Durability::kNone && ::fdatasync(fd.get()) != 0)
     return fail(errno, "fdatasync");
@@ -358,57 +357,27 @@ void verify(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, Read
                               op.payload_length(), out.header);
 }
 
-// Header and a contiguous host payload. One system call where the memory allows; a partial
-// last page lands in the tail buffer for O_DIRECT, which cannot read a partial page.
+// Header and a contiguous host payload in one system call; a partial last page lands in the
+// tail buffer for O_DIRECT, which cannot read a partial page.
 ReadOutcome read_contiguous(const IoContext& ctx, WorkerContext& worker, int fd, bool direct,
                             const BlockOp& op, bool want_crc) {
   ReadOutcome out;
   auto* data = static_cast<unsigned char*>(op.data);
+  const std::size_t body = direct ? op.length / kAlignment * kAlignment : op.length;
+  const std::size_t rest = op.length - body;
+  std::vector<iovec> iov{{worker.header.data(), kHeaderSize}};
+  if (body > 0) iov.push_back({data, body});
+  if (rest > 0) iov.push_back({worker.tail.data(), kAlignment});
+  const std::size_t want = kHeaderSize + body + (rest > 0 ? kAlignment : 0);
   std::size_t got = 0;
-  if (!direct || is_aligned(data)) {
-    const std::size_t body = direct ? op.length / kAlignment * kAlignment : op.length;
-    const std::size_t rest = op.length - body;
-    std::vector<iovec> iov{{worker.header.data(), kHeaderSize}};
-    if (body > 0) iov.push_back({data, body});
-    if (rest > 0) iov.push_back({worker.tail.data(), kAlignment});
-    const std::size_t want = kHeaderSize + body + (rest > 0 ? kAlignment : 0);
-    if (int e = preadv_full(fd, std::move(iov), 0, got)) {
-      out.error = {e, "pread"};
-    } else if (got < want) {
-      out.short_read = true;
-    } else {
-      if (rest > 0) std::memcpy(data + body, worker.tail.data(), rest);
-      if (want_crc) out.crc = crc32c(data, op.length);
-      verify(ctx, worker, op, out);
-    }
-    return out;
-  }
-  // O_DIRECT into unaligned memory: page-aligned staging buffer, piece by piece.
-  if (int e = preadv_full(fd, {{worker.header.data(), kHeaderSize}}, 0, got)) {
+  if (int e = preadv_full(fd, std::move(iov), 0, got)) {
     out.error = {e, "pread"};
-    return out;
-  }
-  if (got < kHeaderSize) {
+  } else if (got < want) {
     out.short_read = true;
-    return out;
-  }
-  verify(ctx, worker, op, out);
-  if (!out.corrupt.empty()) return out;
-  auto lease = ctx.staging->acquire();
-  for (std::size_t done = 0; done < op.length; done += lease.size()) {
-    const std::size_t n = std::min(lease.size(), op.length - done);
-    const std::size_t padded = align_up(n);
-    if (int e = preadv_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done),
-                            got)) {
-      out.error = {e, "pread"};
-      return out;
-    }
-    if (got < padded) {
-      out.short_read = true;
-      return out;
-    }
-    std::memcpy(data + done, lease.data(), n);
-    if (want_crc) out.crc = crc32c(data + done, n, out.crc);
+  } else {
+    if (rest > 0) std::memcpy(data + body, worker.tail.data(), rest);
+    if (want_crc) out.crc = crc32c(data, op.length);
+    verify(ctx, worker, op, out);
   }
   return out;
 }
@@ -416,7 +385,7 @@ ReadOutcome read_contiguous(const IoContext& ctx, WorkerContext& worker, int fd,
 // Segments: the header first (so a wrong file never reaches the segments), then the payload
 // through a staging buffer, piece by piece.
 ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
-                          bool want_crc) {
+                          const std::vector<Segment>& segments, bool want_crc) {
   ReadOutcome out;
   std::size_t got = 0;
   if (int e = preadv_full(fd, {{worker.header.data(), kHeaderSize}}, 0, got)) {
@@ -431,7 +400,7 @@ ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, c
   if (!out.corrupt.empty()) return out;
   const std::size_t total = op.payload_length();
   auto lease = ctx.staging->acquire();  // outlives the copier (see write_segments)
-  SegmentCopier copier(ctx, worker, op);
+  SegmentCopier copier(ctx, worker, segments);
   for (std::size_t done = 0; done < total; done += lease.size()) {
     const std::size_t n = std::min(lease.size(), total - done);
     const std::size_t padded = align_up(n);
@@ -471,9 +440,10 @@ BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const B
   };
 
   const bool want_crc = config.checksum == Checksum::kCrc32c;
-  ReadOutcome read = op.segments.empty()
-                         ? read_contiguous(ctx, worker, fd.get(), direct, op, want_crc)
-                         : read_segments(ctx, worker, fd.get(), op, want_crc);
+  std::vector<Segment> scratch;
+  const std::vector<Segment>* staged = staged_segments(op, direct, scratch);
+  ReadOutcome read = staged ? read_segments(ctx, worker, fd.get(), op, *staged, want_crc)
+                            : read_contiguous(ctx, worker, fd.get(), direct, op, want_crc);
   if (read.error) {
     BlockResult r =
         failure(read.error.error, read.error.operation, op.path, std::move(read.error.message));

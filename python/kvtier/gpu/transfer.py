@@ -17,6 +17,7 @@ from kvtier._rate_limited_log import RateLimitedLog
 from kvtier.gpu.layout import describe_kv_caches
 from kvtier.gpu.options import GPUTransferOptions
 from kvtier.tiering.base import JobId, JobResult, OffloadKey
+from kvtier.tiering.fs.engine import open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper
 from kvtier.tiering.spec import OffloadingSpec
 
@@ -73,27 +74,13 @@ class GPUStorageTransfer:
 
         self.file_mapper = FileMapper(opts.root_dir, offloading_spec, self.block_bytes)
         self.file_mapper.prepare(opts.file_mode)
-        self._engine = _core.Engine(
-            self.file_mapper.rank_dir,
-            n_read_threads=opts.n_read_threads,
-            n_write_threads=opts.n_write_threads,
-            o_direct=opts.o_direct,
-            checksum=opts.checksum,
-            durability=opts.durability,
-            file_mode=opts.file_mode,
-            fingerprint=self.file_mapper.fingerprint,
-            staging_bytes_total=opts.staging_bytes_total,
-            staging_buffer_bytes=opts.staging_buffer_bytes,
+        self._engine = open_engine(
+            self.file_mapper,
+            opts,
+            "GPUStorageTransfer",
             use_cuda=self._on_gpu,
             cuda_device=self.device.index if self._on_gpu and self.device.index is not None else -1,
-            numa_bind=opts.numa_bind,
         )
-        if self._engine.o_direct_fallback_reason:
-            logger.warning(
-                "O_DIRECT unavailable under %s (%s); using buffered I/O",
-                self.file_mapper.rank_dir,
-                self._engine.o_direct_fallback_reason,
-            )
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
         self._failure_log = RateLimitedLog(logger)
         self._lock = threading.Lock()

@@ -46,7 +46,7 @@ import numpy as np
 from kvtier.tiering.base import JobMetadata, JobResult, ReqContext
 from kvtier.tiering.fs.file_mapper import FileMapper
 from kvtier.tiering.fs.manager import FileSystemTierManager
-from kvtier.tiering.fs.options import FsTierOptions
+from kvtier.tiering.fs.options import FsTierOptions, OptionParser
 from kvtier.tiering.spec import OffloadingSpec
 
 SUPPORTED_VLLM_SERIES: tuple[str, ...] = ("0.33",)
@@ -117,8 +117,6 @@ logger = logging.getLogger(__name__)
 
 # Keys of a tier entry that this adapter consumes itself; the rest go to the fs tier.
 _ADAPTER_OPTIONS: tuple[str, ...] = ("locality", "enable_kv_events")
-_TRUE = frozenset({"true", "yes", "on", "1"})
-_FALSE = frozenset({"false", "no", "off", "0"})
 
 
 def offloading_spec_from_vllm(spec: VllmOffloadingSpec | OffloadingSpec) -> OffloadingSpec:
@@ -408,14 +406,7 @@ def _parse_locality(tier_type: str, value: Any) -> Locality | None:
 
 
 def _parse_bool(tier_type: str, name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ValueError(
-        f"Invalid value {value!r} for option '{name}' of secondary tier '{tier_type}': "
-        "expected true or false"
-    )
+    return OptionParser(f"secondary tier '{tier_type}'", []).boolean(name, value)
 
 
 __all__ = [

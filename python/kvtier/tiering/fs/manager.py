@@ -27,6 +27,7 @@ from kvtier.tiering.base import (
     ReqContext,
     SecondaryTierManager,
 )
+from kvtier.tiering.fs.engine import open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper, host_label
 from kvtier.tiering.fs.lookup import LookupCache
 from kvtier.tiering.fs.options import FsTierOptions
@@ -80,23 +81,7 @@ class FileSystemTierManager(SecondaryTierManager):
             [self.file_mapper.namespace_dir], [self.file_mapper.rank_dir], self._host
         )
 
-        self._engine = _core.Engine(
-            self.file_mapper.rank_dir,
-            n_read_threads=opts.n_read_threads,
-            n_write_threads=opts.n_write_threads,
-            o_direct=opts.o_direct,
-            checksum=opts.checksum,
-            durability=opts.durability,
-            file_mode=opts.file_mode,
-            fingerprint=self.file_mapper.fingerprint,
-        )
-        if self._engine.o_direct_fallback_reason:
-            logger.warning(
-                "O_DIRECT is not usable under %s (%s); secondary tier '%s' uses buffered I/O",
-                self.file_mapper.rank_dir,
-                self._engine.o_direct_fallback_reason,
-                tier_type,
-            )
+        self._engine = open_engine(self.file_mapper, opts, f"secondary tier '{tier_type}'")
 
         self._lookups = LookupCache(
             self.file_mapper.get_file_name, opts.async_lookup, name="kvtier-lookup"

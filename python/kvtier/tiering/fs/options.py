@@ -17,8 +17,8 @@ _MAX_THREADS = 1024  # the native engine's own limit
 
 
 @dataclass(frozen=True)
-class FsTierOptions:
-    """Validated options of a :class:`~kvtier.tiering.fs.manager.FileSystemTierManager`."""
+class StorageOptions:
+    """The storage options every user of the native engine shares (fs tier, GPU transfers)."""
 
     root_dir: str
     n_read_threads: int = 16
@@ -27,29 +27,51 @@ class FsTierOptions:
     checksum: Literal["crc32c", "none"] = "crc32c"
     durability: Literal["none", "data", "full"] = "none"
     file_mode: int = 0o600
-    async_lookup: bool = False
-    max_queued_store_jobs: int = 1024
 
     @classmethod
     def option_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
     @classmethod
+    def _parser(cls, owner: str, raw: Mapping[str, Any]) -> tuple[OptionParser, Any]:
+        """A parser for ``owner`` that has rejected unknown keys, and a getter with defaults."""
+        p = OptionParser(owner, cls.option_names())
+        p.reject_unknown(raw)
+        defaults = {f.name: f.default for f in fields(cls)}
+        return p, lambda name: raw.get(name, defaults[name])
+
+    @staticmethod
+    def _parse_storage(p: OptionParser, raw: Mapping[str, Any], get: Any) -> dict[str, Any]:
+        n_read, n_write = p.thread_counts(get("n_read_threads"), get("n_write_threads"))
+        return {
+            "root_dir": p.root_dir(raw.get("root_dir")),
+            "n_read_threads": n_read,
+            "n_write_threads": n_write,
+            "o_direct": p.o_direct(get("o_direct")),
+            "checksum": p.choice("checksum", get("checksum"), ("crc32c", "none")),
+            "durability": p.choice("durability", get("durability"), ("none", "data", "full")),
+            "file_mode": p.file_mode(get("file_mode")),
+        }
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``kvtier._core.Engine`` for these options."""
+        names = [f.name for f in fields(StorageOptions) if f.name != "root_dir"]
+        return {name: getattr(self, name) for name in names}
+
+
+@dataclass(frozen=True)
+class FsTierOptions(StorageOptions):
+    """Validated options of a :class:`~kvtier.tiering.fs.manager.FileSystemTierManager`."""
+
+    async_lookup: bool = False
+    max_queued_store_jobs: int = 1024
+
+    @classmethod
     def parse(cls, tier_type: str, raw: Mapping[str, Any]) -> FsTierOptions:
         """Validate raw option values; raises ValueError naming the option and what it takes."""
-        p = OptionParser(f"secondary tier '{tier_type}'", cls.option_names())
-        p.reject_unknown(raw)
-        defaults = cls.__dataclass_fields__
-        get = lambda name: raw.get(name, defaults[name].default)  # noqa: E731
-        n_read, n_write = p.thread_counts(get("n_read_threads"), get("n_write_threads"))
+        p, get = cls._parser(f"secondary tier '{tier_type}'", raw)
         return cls(
-            root_dir=p.root_dir(raw.get("root_dir")),
-            n_read_threads=n_read,
-            n_write_threads=n_write,
-            o_direct=p.o_direct(get("o_direct")),
-            checksum=p.choice("checksum", get("checksum"), ("crc32c", "none")),
-            durability=p.choice("durability", get("durability"), ("none", "data", "full")),
-            file_mode=p.file_mode(get("file_mode")),
+            **cls._parse_storage(p, raw, get),
             async_lookup=p.boolean("async_lookup", get("async_lookup")),
             max_queued_store_jobs=p.integer(
                 "max_queued_store_jobs", get("max_queued_store_jobs"), 0, None
@@ -161,4 +183,4 @@ class OptionParser:
         return value
 
 
-__all__ = ["FsTierOptions", "OptionParser"]
+__all__ = ["FsTierOptions", "OptionParser", "StorageOptions"]
