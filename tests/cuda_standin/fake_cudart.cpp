@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -147,18 +148,21 @@ int cudaStreamSynchronize(void* s) {
   stream_of(s).synchronize();
   return kSuccess;
 }
+// Queued work holds its own reference, so destroying an event with pending waits is safe, as
+// in CUDA.
+using EventRef = std::shared_ptr<FakeEvent>;
 int cudaEventCreateWithFlags(void** e, unsigned) {
   if (int err = enter("cudaEventCreateWithFlags")) return err;
-  *e = new FakeEvent();
+  *e = new EventRef(std::make_shared<FakeEvent>());
   return kSuccess;
 }
 int cudaEventDestroy(void* e) {
-  delete static_cast<FakeEvent*>(e);
+  delete static_cast<EventRef*>(e);
   return enter("cudaEventDestroy");
 }
 int cudaEventRecord(void* e, void* s) {
   if (int err = enter("cudaEventRecord")) return err;
-  auto* ev = static_cast<FakeEvent*>(e);
+  EventRef ev = *static_cast<EventRef*>(e);
   std::uint64_t generation;
   {
     std::lock_guard lock(ev->mutex);
@@ -173,7 +177,7 @@ int cudaEventRecord(void* e, void* s) {
 }
 int cudaStreamWaitEvent(void* s, void* e, unsigned) {
   if (int err = enter("cudaStreamWaitEvent")) return err;
-  auto* ev = static_cast<FakeEvent*>(e);
+  EventRef ev = *static_cast<EventRef*>(e);
   std::uint64_t generation;
   {
     std::lock_guard lock(ev->mutex);
