@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""First benchmark: the native engine alone, next to fio on the same directory.
+
+Stores then loads 1 GiB (per block size) of 256 KiB and 2 MiB blocks with O_DIRECT through
+``kvtier._core.Engine`` directly (no tier layer, no Python per block beyond building the job
+lists), and prints GB/s and process CPU seconds per GiB for each direction, next to
+``fio --ioengine=psync --direct=1 --bs=<block size> --numjobs=<threads>`` on the same
+directory. ``kvtier bench`` measures the public tier on top of this; see bench/README.md.
+
+    python bench/engine_throughput.py [--root DIR] [--sizes 256K,2M] [--total 1G] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kvtier import _core
+from kvtier.bench.ceiling import fio_available, run_fio
+from kvtier.bench.config import GiB, format_size, parse_block_sizes, parse_size
+from kvtier.bench.errors import BenchError
+from kvtier.bench.workload import PrimaryMemory
+
+POLL_S = 0.001
+
+
+def _run_direction(engine, submit, jobs) -> tuple[float, float]:
+    """Submit every job, poll until all are reported; wall seconds and CPU seconds."""
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for job_id, blocks in jobs:
+        submit(job_id, blocks)
+    pending = {job_id for job_id, _ in jobs}
+    failures = []
+    while pending:
+        done = engine.pop_completions()
+        if not done:
+            time.sleep(POLL_S)
+        for c in done:
+            pending.discard(c.job_id)
+            if not c.success:
+                failures.append(c.error)
+    t1, cpu1 = time.perf_counter(), time.process_time()
+    if failures:
+        raise BenchError(f"{len(failures)} job(s) failed; first: {failures[0]}")
+    return t1 - t0, cpu1 - cpu0
+
+
+def measure(root: Path, primary: PrimaryMemory, args, rep: int) -> dict:
+    directory = root / f"engine-{primary.block_size}-{rep}"
+    directory.mkdir()
+    engine = _core.Engine(
+        str(directory),
+        n_read_threads=args.read_threads,
+        n_write_threads=args.write_threads,
+        o_direct=True,
+    )
+    try:
+        n, bs = primary.n_blocks, primary.block_size
+        base = _core.buffer_address(primary.view, True)
+        blocks = [
+            (f"{directory}/{i % 64:02x}/{i}.blk", b"k%d" % i, base + i * bs, bs) for i in range(n)
+        ]
+        per = args.blocks_per_job
+        stores = [(1 + j, blocks[s : s + per]) for j, s in enumerate(range(0, n, per))]
+        loads = [(100_000 + j, b) for j, b in stores]
+        store_s, store_cpu = _run_direction(engine, engine.submit_store, stores)
+        load_s, load_cpu = _run_direction(engine, engine.submit_load, loads)
+    finally:
+        engine.shutdown()
+        shutil.rmtree(directory, ignore_errors=True)
+    gib = n * bs / GiB
+    return {
+        "store_gbps": n * bs / store_s / 1e9,
+        "load_gbps": n * bs / load_s / 1e9,
+        "store_cpu_s_per_gib": store_cpu / gib,
+        "load_cpu_s_per_gib": load_cpu / gib,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=Path.cwd())
+    parser.add_argument("--sizes", default="256K,2M")
+    parser.add_argument("--total", default="1G", help="bytes per block size (default 1G)")
+    parser.add_argument("--read-threads", type=int, default=16)
+    parser.add_argument("--write-threads", type=int, default=16)
+    parser.add_argument("--blocks-per-job", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per size; medians shown")
+    parser.add_argument("--no-fio", action="store_true")
+    args = parser.parse_args()
+    try:
+        sizes = parse_block_sizes(args.sizes)
+        total = parse_size(args.total)
+        if _core.probe_o_direct(str(args.root)):
+            raise BenchError(
+                f"O_DIRECT is not supported on {args.root}: {_core.probe_o_direct(str(args.root))}"
+            )
+        scratch = Path(tempfile.mkdtemp(prefix="kvtier-bench-", dir=args.root))
+    except (BenchError, OSError) as exc:
+        print(f"engine_throughput: error: {exc}", file=sys.stderr)
+        return 2
+    threads = args.read_threads + args.write_threads
+    print(
+        f"root {args.root.resolve()}, {format_size(total)} per size, {args.blocks_per_job} "
+        f"blocks per job, {args.read_threads}+{args.write_threads} threads, O_DIRECT, "
+        f"median of {args.repeat} run(s); GB/s = 1e9 B/s, CPU = process CPU s per GiB"
+    )
+    print(
+        f"{'block':>8} {'who':>7} {'write GB/s':>10} {'read GB/s':>10} "
+        f"{'write CPU':>9} {'read CPU':>9}"
+    )
+    commands = []
+    try:
+        for bs in sizes:
+            primary = PrimaryMemory(total // bs, bs)
+            primary.fill(seed=bs)
+            engine_runs, fio_runs = [], []
+            try:
+                for rep in range(args.repeat):  # engine and fio alternate: side by side
+                    engine_runs.append(measure(scratch, primary, args, rep))
+                    if not args.no_fio and fio_available():
+                        fio_runs.append(
+                            run_fio(
+                                scratch / f"fio-{bs}-{rep}",
+                                block_size=bs,
+                                total_bytes=total,
+                                numjobs=threads,
+                                direct=True,
+                            )
+                        )
+            finally:
+                primary.close()
+
+            def med(runs, key):
+                return statistics.median(r[key] for r in runs)
+
+            print(
+                f"{format_size(bs):>8} {'engine':>7} {med(engine_runs, 'store_gbps'):10.2f} "
+                f"{med(engine_runs, 'load_gbps'):10.2f} "
+                f"{med(engine_runs, 'store_cpu_s_per_gib'):9.3f} "
+                f"{med(engine_runs, 'load_cpu_s_per_gib'):9.3f}"
+            )
+            if fio_runs:
+                w, r = med(fio_runs, "write_gbps"), med(fio_runs, "read_gbps")
+                print(
+                    f"{format_size(bs):>8} {'fio':>7} {w:10.2f} {r:10.2f} "
+                    f"{med(fio_runs, 'write_cpu_s_per_gib'):9.3f} "
+                    f"{med(fio_runs, 'read_cpu_s_per_gib'):9.3f}"
+                )
+                print(
+                    f"{'':>8} {'engine':>7} {med(engine_runs, 'store_gbps') / w:10.0%} "
+                    f"{med(engine_runs, 'load_gbps') / r:10.0%}  of fio"
+                )
+                commands += [fio_runs[0]["write_command"], fio_runs[0]["read_command"]]
+    except BenchError as exc:
+        print(f"engine_throughput: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if commands:
+        print("fio commands:")
+        for cmd in commands:
+            print(f"  {cmd}")
+    elif not args.no_fio:
+        print("fio not found: ceiling skipped (apt-get install fio)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

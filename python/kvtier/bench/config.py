@@ -1,0 +1,90 @@
+"""What one `kvtier bench` run measures: sizes, volumes, threads, phases."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvtier.bench.errors import BenchError
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+#: Block files are read and written with O_DIRECT, which needs 4096-byte multiples.
+BLOCK_ALIGNMENT = 4096
+
+DEFAULT_SIZES = (256 * KiB, 2 * MiB)
+DEFAULT_TOTAL = 1 * GiB
+#: A workload needs room for the latency hot set (4-block jobs) and a store flood.
+MIN_BLOCKS = 8
+
+_UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Parse ``262144``, ``256K``, ``256KiB``, ``2M``, ``1G`` (binary units) into bytes."""
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise BenchError(
+            f"invalid size {text!r}: expected a number of bytes with an optional K, M, G or T "
+            "suffix (binary units), e.g. 262144, 256K, 2M, 1G"
+        )
+    value = int(match.group(1)) * _UNITS[match.group(2).upper()]
+    if value <= 0:
+        raise BenchError(f"invalid size {text!r}: must be positive")
+    return value
+
+
+def parse_block_sizes(text: str) -> tuple[int, ...]:
+    """Parse a comma-separated list of block sizes (``256K,2M``); each a multiple of 4096."""
+    parts = [p for p in (s.strip() for s in text.split(",")) if p]
+    if not parts:
+        raise BenchError(f"invalid block sizes {text!r}: expected e.g. 256K,2M")
+    sizes: list[int] = []
+    for part in parts:
+        size = parse_size(part)
+        if size % BLOCK_ALIGNMENT:
+            raise BenchError(
+                f"invalid block size {part!r} ({size} bytes): must be a multiple of "
+                f"{BLOCK_ALIGNMENT} bytes so blocks can be read and written with O_DIRECT"
+            )
+        if size not in sizes:
+            sizes.append(size)
+    return tuple(sizes)
+
+
+def format_size(n: int) -> str:
+    """256 KiB, 2 MiB, 1.5 GiB: the shortest exact-ish binary form."""
+    for unit, factor in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= factor:
+            value = n / factor
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One run of `kvtier bench`. ``total_bytes`` is per block size (None: the default)."""
+
+    root: Path | None = None
+    block_sizes: tuple[int, ...] = DEFAULT_SIZES
+    total_bytes: int | None = None
+    read_threads: int = 16
+    write_threads: int = 16
+    blocks_per_job: int = 8
+    repeat: int = 1
+    latency_samples: int = 100
+    loop_seconds: float = 1.0
+    peers: tuple[str, ...] = ()
+    run_fio: bool = True
+    json_path: Path | None = None
+    plot_path: Path | None = None
+    progress: bool = True
+
+    @property
+    def threads(self) -> int:
+        """Workers one direction can keep busy (every worker falls back to the other queue)."""
+        return self.read_threads + self.write_threads

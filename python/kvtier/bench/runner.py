@@ -1,0 +1,385 @@
+"""Orchestrates one `kvtier bench` run: plan, measure side by side, aggregate."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import kvtier
+from kvtier import _core
+from kvtier.bench.ceiling import fio_available, fio_job_size, run_fio
+from kvtier.bench.config import MIN_BLOCKS, BenchConfig, MiB, format_size
+from kvtier.bench.errors import BenchError
+from kvtier.bench.interference import measure_interference
+from kvtier.bench.latency import hot_set_size, measure_latency
+from kvtier.bench.machine import describe_machine
+from kvtier.bench.progress import Progress
+from kvtier.bench.targets import evaluate_targets
+from kvtier.bench.throughput import measure_throughput
+from kvtier.bench.workload import DriverFactory, PrimaryMemory, TierDriver, kvtier_factory
+
+THROUGHPUT = "store/load throughput"
+INTERFERENCE = "scheduler loop vs. streaming stores"
+LATENCY = "load latency idle and under a store flood"
+
+_HEADER = 4096  # bytes of header per kvtier block file
+_SPACE_MARGIN = 64 * MiB
+_FREE_FRACTION = 0.8  # never plan to use more than this share of the free space
+_MEMORY_FRACTION = 0.5  # nor more than this share of available memory for primary memory
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _peak_disk_bytes(total: int, block_size: int, threads: int, run_fio: bool) -> int:
+    """Most bytes on disk at once: one phase's files (phases clean up after themselves)."""
+    n = total // block_size
+    tier = n * (block_size + _HEADER) + hot_set_size(n) * (block_size + _HEADER)
+    fio = threads * fio_job_size(total, block_size, threads) if run_fio else 0
+    return max(tier, fio) + _SPACE_MARGIN
+
+
+def plan_total(config: BenchConfig, free_bytes: int, memory_bytes: int | None) -> int:
+    """Bytes per block size: ``config.total_bytes`` if it fits, else the default bounded."""
+    largest = max(config.block_sizes)
+    minimum = MIN_BLOCKS * largest
+
+    def fits(total: int) -> bool:
+        peak = max(
+            _peak_disk_bytes(total, bs, config.threads, config.run_fio) for bs in config.block_sizes
+        )
+        memory_ok = memory_bytes is None or total <= memory_bytes * _MEMORY_FRACTION
+        return peak <= free_bytes * _FREE_FRACTION and memory_ok
+
+    if config.total_bytes is not None:
+        if config.total_bytes < minimum:
+            raise BenchError(
+                f"--total {format_size(config.total_bytes)} is too small: need at least "
+                f"{MIN_BLOCKS} blocks of the largest size ({format_size(minimum)})"
+            )
+        if not fits(config.total_bytes):
+            raise BenchError(
+                f"too little free space or memory for --total "
+                f"{format_size(config.total_bytes)}: {format_size(free_bytes)} free on the "
+                "root file system; choose a smaller --total or another --root"
+            )
+        return config.total_bytes
+
+    from kvtier.bench.config import DEFAULT_TOTAL
+
+    total = DEFAULT_TOTAL
+    while total >= minimum and not fits(total):
+        total //= 2
+    if total < minimum:
+        raise BenchError(
+            f"too little free space: {format_size(free_bytes)} free on the root file system, "
+            f"{format_size(minimum)} per block size needed at least; free some space or "
+            "choose another --root"
+        )
+    return total - total % largest
+
+
+def _make_scratch(root: Path) -> Path:
+    """A fresh ``kvtier-bench-*`` directory under root, proven writable (removed afterwards)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BenchError(f"cannot create the root directory {root}: {exc.strerror}") from exc
+    if not root.is_dir():
+        raise BenchError(f"the root {root} is not a directory")
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix="kvtier-bench-", dir=root))
+    except OSError as exc:
+        raise BenchError(f"cannot write to the root directory {root}: {exc.strerror}") from exc
+    try:
+        probe = scratch / "write-probe"
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as exc:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise BenchError(f"cannot write to the root directory {root}: {exc.strerror}") from exc
+    return scratch
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def _aggregate(runs: list[dict], keys: tuple[str, ...]) -> dict:
+    out = {k: _median([r[k] for r in runs if k in r]) for k in keys if any(k in r for r in runs)}
+    out["runs"] = runs
+    return out
+
+
+def _aggregate_latency(runs: list[dict]) -> dict:
+    out: dict = {"blocks_per_load": runs[0]["blocks_per_load"], "hot_blocks": runs[0]["hot_blocks"]}
+    for phase in ("idle", "flood"):
+        valid = [r[phase] for r in runs if r[phase].get("n")]
+        summary: dict = {"n": sum(r[phase]["n"] for r in runs)}
+        for p in ("p50_ms", "p95_ms", "p99_ms"):
+            if valid:
+                summary[p] = _median([v[p] for v in valid])
+        summary["samples_ms"] = [s for r in runs for s in r[phase].get("samples_ms", [])]
+        out[phase] = summary
+    ratios = [r["p95_ratio"] for r in runs if "p95_ratio" in r]
+    if ratios:
+        out["p95_ratio"] = _median(ratios)
+    # Per-run percentiles stay; the samples themselves are kept once, above (all runs).
+    out["runs"] = [
+        {
+            k: (
+                {kk: vv for kk, vv in v.items() if kk != "samples_ms"} if isinstance(v, dict) else v
+            )
+            for k, v in r.items()
+        }
+        for r in runs
+    ]
+    return out
+
+
+class _Phase:
+    """One tier instance on a fresh directory for a sequence of measurements; always cleaned up.
+
+    The measurements share the tier and the keys (each removes its files when done, keeping
+    the directories), so only the first store pass pays for creating the directory tree.
+    """
+
+    def __init__(self, scratch: Path):
+        self._scratch = scratch
+        self._count = 0
+
+    def run(
+        self,
+        factory: DriverFactory,
+        primary: PrimaryMemory,
+        measures: list[tuple[str, Callable[[TierDriver], dict]]],
+        progress: Progress,
+        label: str,
+    ) -> tuple[dict[str, dict], str]:
+        self._count += 1
+        directory = self._scratch / f"{self._count:03d}-{label}"
+        directory.mkdir()
+        driver = None
+        results: dict[str, dict] = {}
+        try:
+            driver = factory(directory, primary)
+            for what, measure in measures:
+                progress.step(f"{label}: {what}")
+                results[what] = measure(driver)
+                progress.advance()
+            return results, driver.cache_bypass
+        finally:
+            if driver is not None:
+                driver.close()
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def run_bench(config: BenchConfig, *, stream=None) -> dict:
+    """Run every phase and return the results (see docs/PERFORMANCE.md for their meaning)."""
+    stream = stream if stream is not None else sys.stderr
+    root = (config.root or Path.cwd()).resolve()
+    scratch = _make_scratch(root)
+    try:
+        return _run(config, root, scratch, stream)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
+    free = shutil.disk_usage(scratch).free
+    total = plan_total(config, free, _available_memory())
+
+    tiers: dict[str, DriverFactory] = {}
+    peers: dict[str, dict] = {}
+    tiers["kvtier"] = kvtier_factory(
+        config.read_threads,
+        config.write_threads,
+        max_queued_store_jobs=max(
+            1024, total // min(config.block_sizes) // config.blocks_per_job + 16
+        ),
+    )
+    notes: list[str] = []
+    if "vllm" in config.peers:
+        from kvtier.bench.peer_vllm import vllm_factory, vllm_status
+
+        if config.progress:
+            print("kvtier bench: importing vLLM for --peer vllm ...", file=stream, flush=True)
+        status = vllm_status()
+        peers["vllm"] = status
+        if status["available"]:
+            tiers["vllm"] = vllm_factory(config.read_threads, config.write_threads)
+        else:
+            notes.append(f"--peer vllm: {status['reason']}; skipping the vLLM peer")
+            peers["vllm"]["skipped"] = status["reason"]
+
+    fio_path = fio_available() if config.run_fio else None
+    fio_info: dict = {}
+    if not config.run_fio:
+        fio_info["skipped"] = "disabled with --no-fio"
+    elif fio_path is None:
+        fio_info["skipped"] = "fio is not installed (e.g. apt-get install fio)"
+        notes.append("fio not found: the ceiling was skipped (install fio to measure it)")
+    direct = _core.probe_o_direct(str(scratch)) == ""
+
+    steps_per_rep = len(tiers) * 3 + (1 if fio_path else 0)
+    progress = Progress(
+        len(config.block_sizes) * config.repeat * steps_per_rep,
+        enabled=config.progress,
+        stream=stream,
+    )
+    for note in notes:
+        progress.message(note)
+    if not direct:
+        progress.message(
+            f"O_DIRECT is not supported on {root} ({_core.probe_o_direct(str(scratch))}); "
+            "loads read files dropped from the page cache with posix_fadvise(DONTNEED)"
+        )
+
+    machine = describe_machine(scratch)
+    machine["filesystem"]["root"] = str(root)
+    phase = _Phase(scratch)
+    started = time.time()
+    sizes: list[dict] = []
+    cache_bypass: dict[str, str] = {}
+
+    for block_size in config.block_sizes:
+        n = total // block_size
+        primary = PrimaryMemory(n, block_size)
+        label = format_size(block_size)
+        try:
+            primary.fill(seed=block_size)
+            per_tier: dict[str, dict[str, list[dict]]] = {
+                name: {"throughput": [], "interference": [], "latency": []} for name in tiers
+            }
+            fio_runs: list[dict] = []
+            for rep in range(config.repeat):
+                order = list(tiers) if rep % 2 == 0 else list(reversed(tiers))
+                for name in order:
+                    prefix = f"{name}-{block_size}-{rep}".encode()
+                    common = {
+                        "primary": primary,
+                        "blocks_per_job": config.blocks_per_job,
+                        "key_prefix": prefix,
+                    }
+                    results, bypass = phase.run(
+                        tiers[name],
+                        primary,
+                        [
+                            (THROUGHPUT, partial(measure_throughput, **common)),
+                            (
+                                INTERFERENCE,
+                                partial(
+                                    measure_interference,
+                                    idle_seconds=config.loop_seconds,
+                                    **common,
+                                ),
+                            ),
+                            (
+                                LATENCY,
+                                partial(measure_latency, samples=config.latency_samples, **common),
+                            ),
+                        ],
+                        progress,
+                        f"{label} {name} (run {rep + 1})",
+                    )
+                    cache_bypass[name] = bypass
+                    per_tier[name]["throughput"].append(results[THROUGHPUT])
+                    per_tier[name]["interference"].append(results[INTERFERENCE])
+                    per_tier[name]["latency"].append(results[LATENCY])
+
+                if fio_path:
+                    progress.step(f"{label} fio ceiling (run {rep + 1})")
+                    fio_runs.append(
+                        run_fio(
+                            scratch / f"fio-{block_size}-{rep}",
+                            block_size=block_size,
+                            total_bytes=total,
+                            numjobs=config.threads,
+                            direct=direct,
+                        )
+                    )
+                    progress.advance()
+        finally:
+            primary.close()
+
+        entry: dict = {
+            "block_size": block_size,
+            "label": label,
+            "blocks": n,
+            "bytes": n * block_size,
+            "tiers": {},
+        }
+        for name, phases in per_tier.items():
+            entry["tiers"][name] = {
+                "throughput": _aggregate(
+                    phases["throughput"],
+                    (
+                        "store_gbps",
+                        "load_gbps",
+                        "store_cpu_s_per_gib",
+                        "load_cpu_s_per_gib",
+                        "first_store_gbps",
+                        "first_store_cpu_s_per_gib",
+                    ),
+                ),
+                "interference": _aggregate(
+                    phases["interference"], ("idle_iter_per_s", "busy_iter_per_s", "ratio")
+                ),
+                "latency": _aggregate_latency(phases["latency"]),
+            }
+        if fio_runs:
+            fio = _aggregate(
+                fio_runs, ("write_gbps", "read_gbps", "write_cpu_s_per_gib", "read_cpu_s_per_gib")
+            )
+            fio["write_command"] = fio_runs[0]["write_command"]
+            fio["read_command"] = fio_runs[0]["read_command"]
+            entry["fio"] = fio
+            for t in entry["tiers"].values():
+                t["throughput"]["store_vs_fio"] = t["throughput"]["store_gbps"] / fio["write_gbps"]
+                t["throughput"]["load_vs_fio"] = t["throughput"]["load_gbps"] / fio["read_gbps"]
+        sizes.append(entry)
+    progress.close()
+
+    results = {
+        "kvtier_version": kvtier.__version__,
+        "started_unix": started,
+        "duration_s": time.time() - started,
+        "machine": machine,
+        "config": {
+            "root": str(root),
+            "block_sizes": list(config.block_sizes),
+            "bytes_per_block_size": total,
+            "blocks_per_job": config.blocks_per_job,
+            "read_threads": config.read_threads,
+            "write_threads": config.write_threads,
+            "repeat": config.repeat,
+            "latency_samples": config.latency_samples,
+            "loop_seconds": config.loop_seconds,
+            "statistic": "median over repeats" if config.repeat > 1 else "single run",
+        },
+        "cache_bypass": cache_bypass,
+        "peers": peers,
+        "fio": fio_info or {"found": fio_path, "direct": direct},
+        "sizes": sizes,
+        "notes": notes,
+    }
+    results["targets"] = evaluate_targets(results)
+    return results

@@ -1,0 +1,269 @@
+"""The shared workload: primary memory, block keys, jobs, and the kvtier `fs` tier driver.
+
+A *driver* adapts one secondary-tier implementation (kvtier's `fs` tier, or vLLM's in
+`kvtier.bench.peer_vllm`) to the few calls the measurements make, so every measurement runs
+the same code against each tier.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+# Imported here, not lazily in the middle of a run: an import interrupted by Ctrl-C can lose
+# the KeyboardInterrupt (numpy.random's lazy import does), and a run must stop and clean up.
+import numpy.random  # noqa: F401
+
+from kvtier import _core
+from kvtier.bench.errors import BenchError
+from kvtier.tiering.base import JobMetadata, ReqContext
+from kvtier.tiering.factory import SecondaryTierFactory
+from kvtier.tiering.spec import OffloadingSpec
+
+#: How long the measuring thread sleeps between polls for finished jobs. Short enough not to
+#: stretch a phase, long enough that polling itself costs well under 1% of a core.
+POLL_INTERVAL_S = 0.001
+
+O_DIRECT = "O_DIRECT"
+FADVISE = "posix_fadvise(DONTNEED)"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One store or load job: ``keys[i]`` lives in primary row ``block_ids[i]``."""
+
+    job_id: int
+    keys: tuple[bytes, ...]
+    block_ids: np.ndarray
+
+
+@dataclass(frozen=True)
+class Finished:
+    job_id: int
+    success: bool
+    error: str | None = None
+
+
+class TierDriver(Protocol):
+    """What a measurement needs from a tier; one instance per phase (fresh root)."""
+
+    name: str
+    #: How loads are kept away from the page cache: O_DIRECT or FADVISE.
+    cache_bypass: str
+
+    def submit_store(self, job: Job) -> None: ...
+    def submit_load(self, job: Job) -> None: ...
+    def finished(self) -> list[Finished]: ...
+    def file_paths(self, keys: Sequence[bytes]) -> list[str]: ...
+    def close(self) -> None: ...
+
+
+#: Creates a driver for a tier rooted at the given directory over the given primary memory.
+DriverFactory = Callable[[Path, "PrimaryMemory"], TierDriver]
+
+
+class PrimaryMemory:
+    """Page-aligned anonymous memory shaped as ``n_blocks`` rows of ``block_size`` bytes.
+
+    This stands in for an engine's CPU primary tier: the secondary tier gets a C-contiguous
+    memoryview whose ``strides[0]`` is the row size, exactly as engines hand it over.
+    """
+
+    def __init__(self, n_blocks: int, block_size: int):
+        self.n_blocks = n_blocks
+        self.block_size = block_size
+        self._map = mmap.mmap(-1, n_blocks * block_size)
+        self.view = memoryview(self._map).cast("B", (n_blocks, block_size))
+        self.array = np.frombuffer(self._map, dtype=np.uint8).reshape(n_blocks, block_size)
+
+    def fill(self, seed: int) -> None:
+        """Random bytes, different in every row (a repeated random pattern, stamped per row)."""
+        rng = np.random.default_rng(seed)
+        pattern = rng.integers(0, 256, size=min(self.array.size, 8 << 20), dtype=np.uint8)
+        flat = self.array.reshape(-1)
+        for start in range(0, flat.size, pattern.size):
+            chunk = flat[start : start + pattern.size]
+            chunk[:] = pattern[: chunk.size]
+        stamps = rng.integers(0, 2**63, size=self.n_blocks, dtype=np.int64)
+        self.array[:, :8] = stamps.view(np.uint8).reshape(self.n_blocks, 8)
+
+    def close(self) -> None:
+        """Unmap now if nothing else still points into the memory; else leave it to the GC.
+
+        After an error or Ctrl-C, traceback frames may still hold views of rows (numpy slices,
+        the tier's view); refusing to unmap then must not replace the original exception.
+        """
+        del self.array
+        try:
+            self.view.release()
+            self._map.close()
+        except BufferError:
+            pass
+
+
+def block_keys(prefix: bytes, start: int, count: int, group_idx: int = 0) -> list[bytes]:
+    """``count`` distinct keys: a 32-byte block hash (prefix + index) plus the group index."""
+    hash_prefix = prefix[:24].ljust(24, b"\0")
+    group = group_idx.to_bytes(4, "big")
+    return [hash_prefix + (start + i).to_bytes(8, "big") + group for i in range(count)]
+
+
+def make_jobs(
+    first_job_id: int, keys: Sequence[bytes], block_ids: Sequence[int], blocks_per_job: int
+) -> list[Job]:
+    """Split keys/rows into jobs of ``blocks_per_job`` blocks, with consecutive job ids."""
+    jobs = []
+    for n, start in enumerate(range(0, len(keys), blocks_per_job)):
+        stop = start + blocks_per_job
+        jobs.append(
+            Job(
+                job_id=first_job_id + n,
+                keys=tuple(keys[start:stop]),
+                block_ids=np.asarray(block_ids[start:stop], dtype=np.int64),
+            )
+        )
+    return jobs
+
+
+class JobIds:
+    """Job ids unique within one driver (engines reject duplicate in-flight ids)."""
+
+    def __init__(self) -> None:
+        self._next = 1
+
+    def take(self, n: int) -> int:
+        first = self._next
+        self._next += n
+        return first
+
+
+def wait_for(driver: TierDriver, pending: set[int], what: str) -> None:
+    """Poll until every job in ``pending`` is reported; raise BenchError if any failed."""
+    errors: list[str] = []
+    while pending:
+        results = driver.finished()
+        if not results:
+            time.sleep(POLL_INTERVAL_S)
+            continue
+        for result in results:
+            pending.discard(result.job_id)
+            if not result.success:
+                errors.append(result.error or "the tier reported a failure (see its log)")
+    if errors:
+        raise_job_failures(driver, what, errors)
+
+
+def raise_job_failures(driver: TierDriver, what: str, errors: list[str]) -> None:
+    raise BenchError(
+        f"{len(errors)} {what} job(s) failed in the {driver.name} tier; first error: {errors[0]}"
+    )
+
+
+def drop_from_page_cache(paths: Iterable[str]) -> None:
+    """Write back and evict cached pages of these files, so the next read hits storage.
+
+    Used when O_DIRECT is unavailable. DONTNEED only drops clean pages, hence the fsync first.
+    """
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def remove_files(paths: Iterable[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+class KvtierDriver:
+    """kvtier's `fs` tier, created through the public factory as an engine would."""
+
+    name = "kvtier"
+
+    def __init__(
+        self,
+        root: Path,
+        primary: PrimaryMemory,
+        *,
+        read_threads: int,
+        write_threads: int,
+        max_queued_store_jobs: int,
+    ):
+        self._job_metadata = JobMetadata
+        self._req = ReqContext(req_id="kvtier-bench")
+        spec = OffloadingSpec(model_name="kvtier-bench", dtype="bfloat16")
+        config = {
+            "type": "fs",
+            "root_dir": str(root),
+            "n_read_threads": read_threads,
+            "n_write_threads": write_threads,
+            "o_direct": "auto",
+            "max_queued_store_jobs": max_queued_store_jobs,
+        }
+        try:
+            self._tier = SecondaryTierFactory.create_secondary_tier(config, primary.view, spec)
+        except (OSError, ValueError) as exc:
+            raise BenchError(f"cannot create the kvtier fs tier at {root}: {exc}") from exc
+        direct = getattr(self._tier, "direct_io", None)
+        if direct is None:  # a tier without the property: probe the way its engine does
+            direct = _core.probe_o_direct(str(root)) == ""
+        self.cache_bypass = O_DIRECT if direct else FADVISE
+
+    def _meta(self, job: Job, is_promotion: bool):
+        return self._job_metadata(
+            job_id=job.job_id,
+            keys=list(job.keys),
+            block_ids=job.block_ids,
+            is_promotion=is_promotion,
+            req_context=self._req,
+        )
+
+    def submit_store(self, job: Job) -> None:
+        self._tier.submit_store(self._meta(job, False))
+
+    def submit_load(self, job: Job) -> None:
+        self._tier.submit_load(self._meta(job, True))
+
+    def finished(self) -> list[Finished]:
+        return [
+            Finished(r.job_id, bool(r.success), getattr(r, "error", None))
+            for r in self._tier.get_finished()
+        ]
+
+    def file_paths(self, keys: Sequence[bytes]) -> list[str]:
+        get = self._tier.file_mapper.get_file_name
+        return [str(get(k)) for k in keys]
+
+    def close(self) -> None:
+        self._tier.shutdown()
+
+
+def kvtier_factory(
+    read_threads: int, write_threads: int, max_queued_store_jobs: int
+) -> DriverFactory:
+    def create(root: Path, primary: PrimaryMemory) -> TierDriver:
+        return KvtierDriver(
+            root,
+            primary,
+            read_threads=read_threads,
+            write_threads=write_threads,
+            max_queued_store_jobs=max_queued_store_jobs,
+        )
+
+    return create

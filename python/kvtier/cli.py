@@ -1,0 +1,329 @@
+"""The `kvtier` command: `kvtier bench` (measure your storage) and `kvtier info`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one line (``<prog>: error: ...``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: expected an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: expected seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: must be positive")
+    return value
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    from kvtier.bench.config import parse_block_sizes
+    from kvtier.bench.errors import BenchError
+
+    try:
+        return parse_block_sizes(text)
+    except BenchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _size(text: str) -> int:
+    from kvtier.bench.config import parse_size
+    from kvtier.bench.errors import BenchError
+
+    try:
+        return parse_size(text)
+    except BenchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = _Parser(
+        prog="kvtier",
+        description="kvtier: storage tiers for LLM KV-cache blocks.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{bench,info}", parser_class=_Parser)
+    sub.required = True
+
+    bench = sub.add_parser(
+        "bench",
+        help="measure KV offload on your storage (throughput, CPU, latency, interference)",
+        description=(
+            "Store and load KV blocks through kvtier's fs tier on --root and report GB/s, CPU "
+            "seconds per GiB, load latency under a store flood and how much a Python "
+            "scheduler loop slows down, next to fio's ceiling and (--peer vllm) vLLM's tier."
+        ),
+    )
+    bench.add_argument(
+        "--root",
+        type=Path,
+        help="directory on the storage to measure (a scratch directory is created in it and "
+        "removed afterwards; default: the current directory)",
+    )
+    bench.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help="block sizes, comma-separated, binary units (default: 256K,2M)",
+    )
+    bench.add_argument(
+        "--total",
+        type=_size,
+        default=None,
+        help="bytes stored per block size (default: 1G, bounded by free disk and memory)",
+    )
+    bench.add_argument(
+        "--read-threads",
+        type=_positive_int,
+        default=16,
+        help="tier threads that take loads first (default: 16)",
+    )
+    bench.add_argument(
+        "--write-threads",
+        type=_positive_int,
+        default=16,
+        help="tier threads that take stores first (default: 16)",
+    )
+    bench.add_argument(
+        "--blocks-per-job",
+        type=_positive_int,
+        default=8,
+        help="blocks per store/load job in the throughput phase (default: 8)",
+    )
+    bench.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=1,
+        help="run every measurement N times side by side, report medians",
+    )
+    bench.add_argument(
+        "--latency-samples",
+        type=_positive_int,
+        default=100,
+        help="4-block load jobs timed idle and under the flood (default: 100)",
+    )
+    bench.add_argument(
+        "--loop-seconds",
+        type=_positive_float,
+        default=1.0,
+        help="how long the idle scheduler loop runs, before and after (default: 1)",
+    )
+    bench.add_argument(
+        "--peer",
+        action="append",
+        choices=["vllm"],
+        default=[],
+        help="also run the workload through vLLM's fs tier (needs vllm)",
+    )
+    bench.add_argument("--no-fio", action="store_true", help="skip the fio ceiling")
+    bench.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        help="write every figure and the machine description as JSON",
+    )
+    bench.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="draw throughput and latency (needs matplotlib: kvtier[plot])",
+    )
+    bench.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    bench.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="FILE",
+        help="measure nothing: print the table (and --plot) of a saved --json result",
+    )
+
+    info = sub.add_parser(
+        "info",
+        help="version, build options, CUDA and O_DIRECT support",
+        description="Print kvtier's version, build options, CUDA availability and whether "
+        "O_DIRECT works in DIR.",
+    )
+    info.add_argument(
+        "dir",
+        nargs="?",
+        type=Path,
+        default=Path("."),
+        help="directory to probe for O_DIRECT (default: .)",
+    )
+    return parser, {"bench": bench, "info": info}
+
+
+def _check_output_path(path: Path, option: str) -> None:
+    from kvtier.bench.errors import BenchError
+
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise BenchError(f"{option} {path}: directory {parent} does not exist")
+    if path.is_dir():
+        raise BenchError(f"{option} {path}: is a directory, expected a file name")
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from kvtier.bench.config import DEFAULT_SIZES, BenchConfig
+    from kvtier.bench.errors import BenchError
+    from kvtier.bench.plot import check_matplotlib, plot
+    from kvtier.bench.report import render, write_json
+    from kvtier.bench.runner import run_bench
+
+    config = BenchConfig(
+        root=args.root,
+        block_sizes=args.sizes or DEFAULT_SIZES,
+        total_bytes=args.total,
+        read_threads=args.read_threads,
+        write_threads=args.write_threads,
+        blocks_per_job=args.blocks_per_job,
+        repeat=args.repeat,
+        latency_samples=args.latency_samples,
+        loop_seconds=args.loop_seconds,
+        peers=tuple(dict.fromkeys(args.peer)),
+        run_fio=not args.no_fio,
+        json_path=args.json,
+        plot_path=args.plot,
+        progress=not args.quiet,
+    )
+    try:
+        if config.json_path is not None:
+            _check_output_path(config.json_path, "--json")
+        if config.plot_path is not None:
+            _check_output_path(config.plot_path, "--plot")
+            check_matplotlib()
+        if args.from_json is not None:
+            results = _load_results(args.from_json)
+        else:
+            results = run_bench(config)
+        print(render(results), flush=True)
+        if config.json_path is not None:
+            try:
+                write_json(results, config.json_path)
+            except OSError as exc:
+                raise BenchError(f"cannot write {config.json_path}: {exc.strerror}") from exc
+        if config.plot_path is not None:
+            plot(results, config.plot_path)
+    except BenchError as exc:
+        print(f"kvtier bench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        # Anything the file system says that a phase did not translate: still one line.
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"kvtier bench: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+def _load_results(path: Path) -> dict:
+    import json
+
+    from kvtier.bench.errors import BenchError
+
+    try:
+        results = json.loads(path.read_text())
+    except OSError as exc:
+        raise BenchError(f"cannot read --from-json {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise BenchError(f"--from-json {path} is not JSON: {exc}") from exc
+    if not isinstance(results, dict) or "sizes" not in results or "config" not in results:
+        raise BenchError(f"--from-json {path} is not a kvtier bench result (no 'sizes')")
+    return results
+
+
+def _info(args: argparse.Namespace) -> int:
+    import kvtier
+    from kvtier import _core
+
+    directory: Path = args.dir
+    if not directory.is_dir():
+        print(f"kvtier info: error: {directory} is not a directory", file=sys.stderr)
+        return EXIT_USAGE
+    probe = _core.probe_o_direct(str(directory))
+    # Report only what the build itself says: no guessing from other installed packages.
+    if hasattr(_core, "cuda_available"):
+        gpu_text = "built (the CUDA runtime is loaded at run time)"
+        if _core.cuda_available():
+            cuda_text = "available"
+        else:
+            reason = getattr(_core, "cuda_unavailable_reason", lambda: "")()
+            cuda_text = "not available" + (f": {reason}" if reason else "")
+    else:
+        gpu_text = "not built"
+        cuda_text = "not available (this build has no GPU support)"
+    rows = [
+        ("kvtier", kvtier.__version__),
+        ("native core", _core.__file__),
+        ("block format version", str(_core.FORMAT_VERSION)),
+        ("crc32c", "hardware (SSE4.2)" if _core.crc32c_is_hardware() else "software"),
+        ("GPU path", gpu_text),
+        ("CUDA", cuda_text),
+        (
+            f"O_DIRECT in {directory.resolve()}",
+            "supported" if probe == "" else f"not supported: {probe}",
+        ),
+        ("fio (bench ceiling)", shutil.which("fio") or "not found"),
+        ("matplotlib (bench --plot)", _found("matplotlib")),
+        ("vllm (bench --peer vllm)", _found("vllm")),
+        ("CMake package", kvtier.cmake_dir()),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key.ljust(width)}  {value}")
+    return 0
+
+
+def _found(module: str) -> str:
+    try:
+        return "found" if importlib.util.find_spec(module) is not None else "not installed"
+    except (ImportError, ValueError):
+        return "not installed"
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> NoReturn:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, commands = _build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # report it as the sub-command's error: "kvtier bench: error: ..."
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        if args.command == "bench":
+            # A polite kill (SIGTERM) cleans up like Ctrl-C does: SystemExit unwinds through
+            # the `finally` blocks that shut the tiers down and remove the scratch directory.
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+            return _bench(args)
+        return _info(args)
+    except KeyboardInterrupt:
+        print(f"kvtier {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

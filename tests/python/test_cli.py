@@ -1,0 +1,532 @@
+"""The `kvtier` command: `kvtier bench` on tiny workloads, `kvtier info`, argument errors.
+
+The bench runs for real (real files under tmp_path, the real fs tier, fio when installed) on
+a workload of a few MiB; the tests check that every figure is there and sane, never how fast
+anything was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kvtier.bench.config import BenchConfig, GiB, MiB, parse_block_sizes, parse_size
+from kvtier.bench.errors import BenchError
+from kvtier.bench.progress import Progress
+from kvtier.bench.runner import plan_total
+
+TIMEOUT_S = 300
+SIZES = (64 * 1024, 128 * 1024)
+TINY = [
+    "--sizes", "64K,128K",
+    "--total", "2M",
+    "--read-threads", "2",
+    "--write-threads", "2",
+    "--latency-samples", "5",
+    "--loop-seconds", "0.05",
+]  # fmt: skip
+
+
+def kvtier_cmd(*args: str | os.PathLike) -> list[str]:
+    return [sys.executable, "-m", "kvtier", *map(str, args)]
+
+
+def run(args: list[str], *, env: dict | None = None, cwd: Path | None = None):
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=cwd, check=False
+    )
+
+
+def scratch_dirs(root: Path) -> list[Path]:
+    return sorted(root.glob("kvtier-bench-*"))
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# -- one real tiny run, shared by the tests that read its output --------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    base = tmp_path_factory.mktemp("bench")
+    root = base / "root"
+    root.mkdir()
+    out = base / "out.json"
+    args = kvtier_cmd("bench", "--root", root, *TINY, "--repeat", "2", "--json", out)
+    png = base / "out.png"
+    if _has_matplotlib():
+        args += ["--plot", str(png)]
+    proc = run(args)
+    assert proc.returncode == 0, proc.stderr
+    yield {
+        "proc": proc,
+        "root": root,
+        "json": json.loads(out.read_text()),
+        "png": png if _has_matplotlib() else None,
+    }
+
+
+def test_bench_reports_every_throughput_figure(tiny_run: dict) -> None:
+    results = tiny_run["json"]
+    assert [e["block_size"] for e in results["sizes"]] == list(SIZES)
+    for entry in results["sizes"]:
+        assert entry["bytes"] == 2 * MiB
+        assert entry["blocks"] == 2 * MiB // entry["block_size"]
+        assert list(entry["tiers"]) == ["kvtier"]
+        tp = entry["tiers"]["kvtier"]["throughput"]
+        for key in ("store_gbps", "load_gbps", "store_cpu_s_per_gib", "load_cpu_s_per_gib"):
+            assert tp[key] > 0, key
+        assert len(tp["runs"]) == 2  # --repeat 2: medians of two runs
+        assert all(r["cache_bypass"] in ("O_DIRECT", "posix_fadvise(DONTNEED)") for r in tp["runs"])
+    assert set(results["cache_bypass"]) == {"kvtier"}
+    assert results["config"]["statistic"] == "median over repeats"
+
+
+def test_bench_reports_interference_and_ordered_latency_percentiles(tiny_run: dict) -> None:
+    for entry in tiny_run["json"]["sizes"]:
+        tier = entry["tiers"]["kvtier"]
+        it = tier["interference"]
+        assert it["idle_iter_per_s"] > 0 and it["busy_iter_per_s"] > 0
+        assert it["ratio"] == pytest.approx(statistics_median([r["ratio"] for r in it["runs"]]))
+        lat = tier["latency"]
+        assert lat["blocks_per_load"] == 4
+        assert lat["idle"]["n"] == 2 * 5  # 5 samples in each of 2 runs
+        assert lat["flood"]["n"] >= 2  # at least one per run: the flood was really queued
+        for phase in ("idle", "flood"):
+            p = lat[phase]
+            assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"], (phase, p)
+            assert len(p["samples_ms"]) == p["n"]
+        assert lat["p95_ratio"] > 0
+
+
+def statistics_median(values: list[float]) -> float:
+    import statistics
+
+    return statistics.median(values)
+
+
+def test_bench_describes_the_machine(tiny_run: dict) -> None:
+    machine = tiny_run["json"]["machine"]
+    assert machine["logical_cpus"] >= 1
+    assert machine["cpu_model"]
+    assert machine["kernel"] == platform.release()
+    assert machine["filesystem"]["type"]
+    assert machine["filesystem"]["root"] == str(tiny_run["root"].resolve())
+    assert isinstance(machine["crc32c_hardware"], bool)
+
+
+def test_bench_ceiling_is_fio_with_the_exact_command_or_skipped(tiny_run: dict) -> None:
+    results = tiny_run["json"]
+    stdout = tiny_run["proc"].stdout
+    if shutil.which("fio") is None:
+        assert "fio" in results["fio"]["skipped"]
+        assert "Ceiling: skipped" in stdout
+        return
+    for entry in results["sizes"]:
+        fio = entry["fio"]
+        assert fio["write_gbps"] > 0 and fio["read_gbps"] > 0
+        for rw in ("write", "read"):
+            cmd = fio[f"{rw}_command"]
+            assert "--ioengine=psync" in cmd and f"--bs={entry['block_size']}" in cmd
+            assert "--numjobs=4" in cmd and f"--rw={rw}" in cmd  # 2 + 2 threads
+            assert cmd in stdout  # the exact command is printed
+        tp = entry["tiers"]["kvtier"]["throughput"]
+        assert tp["store_vs_fio"] == pytest.approx(tp["store_gbps"] / fio["write_gbps"])
+
+
+def test_bench_prints_a_table_and_progress_without_a_tty(tiny_run: dict) -> None:
+    proc = tiny_run["proc"]
+    assert "Throughput" in proc.stdout and "64 KiB kvtier fs" in proc.stdout
+    assert "Load latency" in proc.stdout and "Scheduler loop" in proc.stdout
+    # stderr is a pipe here: plain progress lines, no carriage-return redraws.
+    assert "kvtier bench: [1/" in proc.stderr
+    assert "\r" not in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bench_evaluates_the_targets(tiny_run: dict) -> None:
+    targets = tiny_run["json"]["targets"]
+    names = [t["target"] for t in targets]
+    assert any("p95" in n for n in names) and any("scheduler loop" in n for n in names)
+    for t in targets:
+        # No vLLM peer in this run: the CPU comparison cannot be evaluated.
+        if "vLLM" in t["target"]:
+            assert t["met"] is None and t["value"] is None
+        else:
+            assert t["met"] in (True, False)
+
+
+def test_bench_removes_its_scratch_directory(tiny_run: dict) -> None:
+    assert scratch_dirs(tiny_run["root"]) == []
+    assert list(tiny_run["root"].iterdir()) == []
+
+
+def test_bench_plot_is_a_png(tiny_run: dict) -> None:
+    if tiny_run["png"] is None:
+        pytest.skip("matplotlib is not installed (optional extra kvtier[plot])")
+    assert tiny_run["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_from_json_prints_the_table_of_a_saved_run(tiny_run: dict, tmp_path: Path) -> None:
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(tiny_run["json"]))
+    proc = run(kvtier_cmd("bench", "--from-json", saved, "--quiet"))
+    assert proc.returncode == 0, proc.stderr
+    # The same figures: the table printed now equals the one the run printed.
+    assert proc.stdout == tiny_run["proc"].stdout
+
+
+def test_from_json_of_something_else_is_a_one_line_error(tmp_path: Path) -> None:
+    other = tmp_path / "other.json"
+    other.write_text('{"not": "a result"}')
+    assert_one_line_error(run(kvtier_cmd("bench", "--from-json", other)), "not a kvtier bench")
+    assert_one_line_error(
+        run(kvtier_cmd("bench", "--from-json", tmp_path / "missing.json")), "cannot read"
+    )
+
+
+# -- skips and peers ----------------------------------------------------------------------------
+
+
+def test_peer_vllm_without_vllm_says_so_and_exits_cleanly(tmp_path: Path) -> None:
+    # A `vllm` that cannot be imported, whatever is installed in this environment.
+    fake = tmp_path / "fake"
+    (fake / "vllm").mkdir(parents=True)
+    (fake / "vllm" / "__init__.py").write_text("raise ImportError('No module named vllm')\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = tmp_path / "out.json"
+    proc = run(
+        kvtier_cmd("bench", "--root", tmp_path, *TINY, "--no-fio", "--peer", "vllm", "--json", out),
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "vLLM is not importable" in proc.stderr and "skipping the vLLM peer" in proc.stderr
+    assert "vLLM peer: skipped" in proc.stdout
+    results = json.loads(out.read_text())
+    assert "not importable" in results["peers"]["vllm"]["skipped"]
+    assert all(list(e["tiers"]) == ["kvtier"] for e in results["sizes"])
+
+
+def test_peer_vllm_runs_vllms_fs_tier_side_by_side(tmp_path: Path) -> None:
+    pytest.importorskip("vllm.v1.kv_offload.tiering.fs.manager", reason="vLLM is not installed")
+    out = tmp_path / "out.json"
+    proc = run(
+        kvtier_cmd("bench", "--root", tmp_path, *TINY, "--no-fio", "--peer", "vllm", "--json", out)
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(out.read_text())
+    peer = results["peers"]["vllm"]
+    assert peer["available"] and peer["version"]
+    assert peer["io_path"].startswith(("native", "pure Python"))  # which vLLM path ran
+    assert peer["io_path"].split(" (")[0] in proc.stdout
+    for entry in results["sizes"]:
+        assert list(entry["tiers"]) == ["kvtier", "vllm"]
+        vllm = entry["tiers"]["vllm"]
+        assert vllm["throughput"]["store_gbps"] > 0 and vllm["throughput"]["load_gbps"] > 0
+        assert vllm["throughput"]["store_cpu_s_per_gib"] > 0
+        p = vllm["latency"]["flood"]
+        assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"]
+    cpu_targets = [t for t in results["targets"] if "vLLM" in t["target"]]
+    assert cpu_targets and all(t["met"] in (True, False) for t in cpu_targets)
+
+
+def test_bench_without_fio_says_the_ceiling_was_skipped(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"  # a PATH with python but no fio
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": str(bin_dir)}
+    out = tmp_path / "out.json"
+    proc = run(
+        [str(bin_dir / "python"), "-m", "kvtier", "bench", "--root", tmp_path, *TINY,
+         "--sizes", "64K", "--json", out],
+        env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Ceiling: skipped" in proc.stdout and "fio" in proc.stderr
+    results = json.loads(out.read_text())
+    assert "not installed" in results["fio"]["skipped"]
+    assert "fio" not in results["sizes"][0]
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("kvtier bench: error: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--sizes", "3K"], "multiple of 4096"),
+        (["--sizes", "256Q"], "invalid size '256Q'"),
+        (["--sizes", ","], "invalid block sizes"),
+        (["--total", "lots"], "invalid size 'lots'"),
+        (["--total", "64K"], "too small"),
+        (["--repeat", "0"], "at least 1"),
+        (["--read-threads", "x"], "invalid count"),
+        (["--loop-seconds", "-1"], "must be positive"),
+        (["--peer", "sglang"], "invalid choice"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(tmp_path: Path, args: list[str], fragment: str) -> None:
+    proc = run(kvtier_cmd("bench", "--root", tmp_path, "--no-fio", *args))
+    assert_one_line_error(proc, fragment)
+    assert scratch_dirs(tmp_path) == []
+
+
+def test_root_that_is_a_file_is_a_one_line_error(tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    proc = run(kvtier_cmd("bench", "--root", a_file, *TINY))
+    assert_one_line_error(proc, str(a_file))
+
+
+def test_json_into_a_missing_directory_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = run(kvtier_cmd("bench", "--root", tmp_path, *TINY, "--json", tmp_path / "no" / "x.json"))
+    assert_one_line_error(proc, "--json", "does not exist")
+    assert scratch_dirs(tmp_path) == []  # refused before anything ran
+
+
+def _mount_tmpfs(mnt: Path, options: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a read-only or size-limited tmpfs")
+    if shutil.which("mount") is None:
+        pytest.skip("needs mount/umount")
+    mnt.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs CAP_SYS_ADMIN): {proc.stderr.strip()}")
+
+
+def _umount(mnt: Path) -> None:
+    if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=60).returncode:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "small"
+    _mount_tmpfs(mnt, "size=4m,mode=0700")
+    try:
+        yield mnt
+    finally:
+        _umount(mnt)
+
+
+@pytest.fixture
+def read_only_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "ro"
+    _mount_tmpfs(mnt, "ro,size=1m")
+    try:
+        yield mnt
+    finally:
+        _umount(mnt)
+
+
+@pytest.mark.root
+def test_read_only_root_is_a_one_line_error(read_only_tmpfs: Path) -> None:
+    proc = run(kvtier_cmd("bench", "--root", read_only_tmpfs, *TINY))
+    assert_one_line_error(proc, "Read-only file system")
+
+
+@pytest.mark.root
+def test_too_little_free_space_is_a_one_line_error(small_tmpfs: Path) -> None:
+    proc = run(kvtier_cmd("bench", "--root", small_tmpfs, *TINY, "--total", "8M"))
+    assert_one_line_error(proc, "too little free space")
+    assert scratch_dirs(small_tmpfs) == []
+
+
+@pytest.mark.root
+def test_full_root_is_a_one_line_error(small_tmpfs: Path) -> None:
+    filler = small_tmpfs / "filler"
+    with open(filler, "wb") as f:  # fill the file system to the last block
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    proc = run(kvtier_cmd("bench", "--root", small_tmpfs, *TINY))
+    assert_one_line_error(proc)
+    assert "No space left" in proc.stderr or "too little free space" in proc.stderr
+    assert scratch_dirs(small_tmpfs) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_removes_the_scratch_directory(tmp_path: Path, sig: signal.Signals) -> None:
+    proc = subprocess.Popen(
+        kvtier_cmd("bench", "--root", tmp_path, *TINY, "--no-fio", "--loop-seconds", "30"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # The first progress line: the run is measuring (scratch directory and tier exist);
+        # the idle loop then runs for 30 s, so the interrupt lands in the middle of the run.
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert first.startswith("kvtier bench: [1/"), first
+        assert scratch_dirs(tmp_path), "no scratch directory while the bench runs"
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if sig == signal.SIGINT:
+        # 130 is what `kvtier` returns; -SIGINT if the interpreter re-raised it at exit.
+        assert proc.returncode in (130, -signal.SIGINT), stderr
+        assert "interrupted" in stderr
+    else:
+        assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "Traceback" not in stderr
+    assert scratch_dirs(tmp_path) == []
+
+
+# -- info and entry points ----------------------------------------------------------------------
+
+
+def test_info_reports_version_build_cuda_and_o_direct(tmp_path: Path) -> None:
+    import kvtier
+    from kvtier import _core
+
+    proc = run(kvtier_cmd("info", tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert any(
+        line.startswith("kvtier ") and kvtier.__version__ in line for line in out.splitlines()
+    )
+    expected_crc = "hardware" if _core.crc32c_is_hardware() else "software"
+    assert any(line.startswith("crc32c") and expected_crc in line for line in out.splitlines())
+    cuda = [line for line in out.splitlines() if line.startswith("CUDA ")]
+    assert len(cuda) == 1
+    if hasattr(_core, "cuda_available") and _core.cuda_available():
+        assert cuda[0].split(None, 1)[1] == "available"
+    else:
+        assert "not available" in cuda[0]
+    probe = _core.probe_o_direct(str(tmp_path))
+    o_direct = [line for line in out.splitlines() if line.startswith("O_DIRECT in")]
+    assert len(o_direct) == 1 and str(tmp_path.resolve()) in o_direct[0]
+    assert ("not supported" in o_direct[0]) == bool(probe)
+
+
+def test_info_of_a_missing_directory_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = run(kvtier_cmd("info", tmp_path / "missing"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("kvtier info: error:")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_python_dash_m_kvtier_shows_help() -> None:
+    proc = run(kvtier_cmd("--help"))
+    assert proc.returncode == 0
+    assert "bench" in proc.stdout and "info" in proc.stdout
+
+
+def test_console_script_runs() -> None:
+    script = shutil.which(
+        "kvtier",
+        path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    )
+    if script is None:
+        pytest.skip("the kvtier console script is not on PATH (package not installed)")
+    proc = run([script, "info"])
+    assert proc.returncode == 0, proc.stderr
+    assert "O_DIRECT" in proc.stdout
+
+
+def test_missing_subcommand_is_a_usage_error() -> None:
+    proc = run(kvtier_cmd())
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("kvtier: error:")
+
+
+# -- pure functions -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("262144", 262144), ("256K", 256 << 10), ("256KiB", 256 << 10), ("2m", 2 << 20),
+     ("1G", 1 << 30), (" 4k ", 4096)],
+)  # fmt: skip
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "0", "-1K", "1.5M", "2X", "K"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(BenchError):
+        parse_size(text)
+
+
+def test_parse_block_sizes_keeps_order_and_drops_duplicates() -> None:
+    assert parse_block_sizes("2M,256K,2097152") == (2 << 20, 256 << 10)
+    with pytest.raises(BenchError, match="multiple of 4096"):
+        parse_block_sizes("256K,1000")
+
+
+def test_default_total_is_bounded_by_free_disk() -> None:
+    config = BenchConfig(block_sizes=(256 << 10, 2 << 20))
+    assert plan_total(config, free_bytes=100 * GiB, memory_bytes=64 * GiB) == GiB
+    bounded = plan_total(config, free_bytes=600 * MiB, memory_bytes=64 * GiB)
+    assert 16 * MiB <= bounded < GiB and bounded % (2 << 20) == 0
+    with pytest.raises(BenchError, match="too little free space"):
+        plan_total(config, free_bytes=32 * MiB, memory_bytes=64 * GiB)
+
+
+def test_explicit_total_that_does_not_fit_is_refused() -> None:
+    config = BenchConfig(block_sizes=(256 << 10,), total_bytes=GiB)
+    with pytest.raises(BenchError, match="too little free space"):
+        plan_total(config, free_bytes=512 * MiB, memory_bytes=64 * GiB)
+    assert plan_total(config, free_bytes=100 * GiB, memory_bytes=64 * GiB) == GiB
+
+
+def test_progress_redraws_on_a_tty_and_prints_lines_otherwise() -> None:
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty, pipe = Tty(), io.StringIO()
+    for stream in (tty, pipe):
+        progress = Progress(2, stream=stream)
+        progress.step("first")
+        progress.advance()
+        progress.message("a note")
+        progress.step("second")
+        progress.advance()
+        progress.close()
+    assert "\r[" in tty.getvalue() and "100%" in tty.getvalue()
+    assert "\r" not in pipe.getvalue()
+    lines = pipe.getvalue().splitlines()
+    assert len(lines) == 3 and lines[1] == "kvtier bench: a note"
+    assert "[1/2] first" in pipe.getvalue() and "[2/2] second" in pipe.getvalue()
