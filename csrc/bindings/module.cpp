@@ -188,7 +188,7 @@ PYBIND11_MODULE(_core, m) {
                        unsigned file_mode, const py::bytes& fingerprint,
                        unsigned max_stores_in_flight_while_loading, std::size_t staging_bytes_total,
                        std::size_t staging_buffer_bytes, bool use_cuda, int cuda_device,
-                       bool numa_bind, bool completion_eventfd) {
+                       bool numa_bind, int worker_nice, bool completion_eventfd) {
              kvtier::EngineConfig c;
              c.root_dir = root_dir;
              c.n_read_threads = n_read_threads;
@@ -204,6 +204,7 @@ PYBIND11_MODULE(_core, m) {
              c.use_cuda = use_cuda;
              c.cuda_device = cuda_device;
              c.numa_bind = numa_bind;
+             c.worker_nice = worker_nice;
              c.completion_eventfd = completion_eventfd;
              py::gil_scoped_release release;  // the O_DIRECT probe does I/O
              return std::make_unique<kvtier::Engine>(std::move(c));
@@ -214,7 +215,8 @@ PYBIND11_MODULE(_core, m) {
            "max_stores_in_flight_while_loading"_a = 2,
            "staging_bytes_total"_a = std::size_t{64} << 20,
            "staging_buffer_bytes"_a = std::size_t{2} << 20, "use_cuda"_a = false,
-           "cuda_device"_a = -1, "numa_bind"_a = false, "completion_eventfd"_a = false)
+           "cuda_device"_a = -1, "numa_bind"_a = false, "worker_nice"_a = 10,
+           "completion_eventfd"_a = false)
       .def(
           "submit_store",
           [](kvtier::Engine& e, kvtier::JobId id, const py::sequence& blocks) {

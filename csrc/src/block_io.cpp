@@ -311,9 +311,11 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const 
     return r;
   };
 
-  // open() applies the process umask, which may change at any time; fchmod makes file_mode
-  // exact (reading the umask would mean setting it, racing other threads' file creation).
-  if (::fchmod(fd.get(), config.file_mode) != 0) return fail(errno, "fchmod");
+  // open() applies the process umask, which may change at any time and usually strips group
+  // and other bits: fchmod makes such a file_mode exact (reading the umask would mean setting
+  // it, racing other threads' file creation). Owner-only modes pass any usual umask intact.
+  if ((config.file_mode & 077) != 0 && ::fchmod(fd.get(), config.file_mode) != 0)
+    return fail(errno, "fchmod");
   std::vector<Segment> scratch;
   const std::vector<Segment>* staged = staged_segments(op, direct, scratch);
   StepError written = staged   ? write_segments(ctx, worker, fd.get(), op, *staged, ready)

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -95,6 +96,8 @@ EngineConfig validated(EngineConfig config) {
     throw std::invalid_argument("staging_buffer_bytes must be a positive multiple of 4096");
   if (c.staging_bytes_total < c.staging_buffer_bytes)
     throw std::invalid_argument("staging_bytes_total must hold at least one staging buffer");
+  if (c.worker_nice < 0 || c.worker_nice > 19)
+    throw std::invalid_argument("worker_nice must be in [0, 19]");
   if (c.max_stores_in_flight_while_loading == 0)
     throw std::invalid_argument("max_stores_in_flight_while_loading must be at least 1");
   if ((c.file_mode & ~mode_t{07777}) != 0)
@@ -192,7 +195,7 @@ struct Engine::Impl {
   std::condition_variable work_available;
   std::deque<Task> loads, stores;
   std::size_t running_loads = 0, running_stores = 0;
-  unsigned store_cap_while_loading = 0;  // max_stores_in_flight_while_loading, adjusted
+  unsigned store_cap_while_loading = 0;     // max_stores_in_flight_while_loading, adjusted
   std::unordered_set<JobId> ids_in_flight;  // submitted and not yet popped
   bool stopping = false;
 
@@ -231,6 +234,10 @@ struct Engine::Impl {
   }
 
   void worker_loop(bool load_first) {
+    // Linux applies nice per thread (a tid is a process id to setpriority). Best effort: a
+    // refusal only costs the scheduler loop some CPU.
+    if (config.worker_nice > 0)
+      ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), config.worker_nice);
     if (!numa_cpus.empty()) {
       cpu_set_t set;
       CPU_ZERO(&set);

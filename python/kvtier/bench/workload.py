@@ -204,6 +204,7 @@ class KvtierDriver:
         read_threads: int,
         write_threads: int,
         max_queued_store_jobs: int,
+        worker_nice: int | None = None,
     ):
         self._job_metadata = JobMetadata
         self._req = ReqContext(req_id="kvtier-bench")
@@ -216,6 +217,8 @@ class KvtierDriver:
             "o_direct": "auto",
             "max_queued_store_jobs": max_queued_store_jobs,
         }
+        if worker_nice is not None:  # else the tier's default
+            config["worker_nice"] = worker_nice
         try:
             self._tier = SecondaryTierFactory.create_secondary_tier(config, primary.view, spec)
         except (OSError, ValueError) as exc:

@@ -27,6 +27,8 @@ class StorageOptions:
     checksum: Literal["crc32c", "none"] = "crc32c"
     durability: Literal["none", "data", "full"] = "none"
     file_mode: int = 0o600
+    # Nice value of the I/O worker threads: keeps them from starving the scheduler loop.
+    worker_nice: int = 10
 
     @classmethod
     def option_names(cls) -> list[str]:
@@ -51,6 +53,7 @@ class StorageOptions:
             "checksum": p.choice("checksum", get("checksum"), ("crc32c", "none")),
             "durability": p.choice("durability", get("durability"), ("none", "data", "full")),
             "file_mode": p.file_mode(get("file_mode")),
+            "worker_nice": p.integer("worker_nice", get("worker_nice"), 0, 19),
         }
 
     def engine_kwargs(self) -> dict[str, Any]:
