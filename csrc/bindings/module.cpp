@@ -215,7 +215,7 @@ PYBIND11_MODULE(_core, m) {
            "max_stores_in_flight_while_loading"_a = 2,
            "staging_bytes_total"_a = std::size_t{64} << 20,
            "staging_buffer_bytes"_a = std::size_t{2} << 20, "use_cuda"_a = false,
-           "cuda_device"_a = -1, "numa_bind"_a = false, "worker_nice"_a = 10,
+           "cuda_device"_a = -1, "numa_bind"_a = false, "worker_nice"_a = 19,
            "completion_eventfd"_a = false)
       .def(
           "submit_store",

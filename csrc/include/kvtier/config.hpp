@@ -56,7 +56,7 @@ struct EngineConfig {
   /// Nice value (0 to 19) of the worker threads. Their work is background I/O; a positive
   /// value keeps them from taking CPU away from the engine's scheduler loop on busy hosts, and
   /// costs nothing while cores are idle.
-  int worker_nice = 10;
+  int worker_nice = 19;
   /// Pin worker threads to the CPUs of the GPU's NUMA node, where the system exposes it.
   bool numa_bind = false;
   /// Create an eventfd that is signalled whenever a completion is published.

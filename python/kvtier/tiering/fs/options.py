@@ -28,7 +28,7 @@ class StorageOptions:
     durability: Literal["none", "data", "full"] = "none"
     file_mode: int = 0o600
     # Nice value of the I/O worker threads: keeps them from starving the scheduler loop.
-    worker_nice: int = 10
+    worker_nice: int = 19
 
     @classmethod
     def option_names(cls) -> list[str]:
