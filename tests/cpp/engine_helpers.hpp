@@ -146,4 +146,10 @@ class Gate {
   int writer_ = -1;
 };
 
+/// One line for a failure message: which job, errno, operation, path and detail.
+inline std::string describe(const kvtier::Completion& c) {
+  return "job " + std::to_string(c.job_id) + " errno " + std::to_string(c.error.errno_value) +
+         " op '" + c.error.operation + "' path '" + c.error.path + "' " + c.error.message;
+}
+
 }  // namespace kvtest

@@ -22,6 +22,7 @@ extern char** environ;
 namespace {
 
 using kvtest::block;
+using kvtest::describe;
 using kvtest::Memory;
 using kvtest::TempDir;
 using kvtier::Completion;
@@ -29,11 +30,6 @@ using kvtier::Direction;
 using kvtier::Engine;
 using kvtier::EngineConfig;
 using kvtier::ODirectMode;
-
-std::string describe(const Completion& c) {
-  return "job " + std::to_string(c.job_id) + " errno " + std::to_string(c.error.errno_value) +
-         " op '" + c.error.operation + "' path '" + c.error.path + "' " + c.error.message;
-}
 
 // O_DIRECT modes to exercise here: off, auto, and on where the probe says it works.
 std::vector<ODirectMode> o_direct_modes(const TempDir& dir) {

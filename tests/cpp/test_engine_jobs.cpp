@@ -16,6 +16,7 @@
 namespace {
 
 using kvtest::block;
+using kvtest::describe;
 using kvtest::Gate;
 using kvtest::TempDir;
 using kvtier::Completion;
@@ -23,11 +24,6 @@ using kvtier::Direction;
 using kvtier::Engine;
 using kvtier::EngineConfig;
 using kvtier::ODirectMode;
-
-std::string describe(const Completion& c) {
-  return "job " + std::to_string(c.job_id) + " errno " + std::to_string(c.error.errno_value) +
-         " op '" + c.error.operation + "' path '" + c.error.path + "' " + c.error.message;
-}
 
 }  // namespace
 
