@@ -55,7 +55,7 @@ KV_TEST(software_and_hardware_paths_match_known_vectors) {
 }
 
 KV_TEST(all_paths_agree_on_every_length_and_alignment) {
-  const auto data = kvtest::pattern(4096 + 64, 7);
+  const auto data = kvtest::pattern((1u << 20) + 64, 7);
   const bool hw = kvtier::test::crc32c_hardware_path_available();
   // Every start offset 0..15 (unaligned word loads) and lengths around the 8-byte steps.
   for (std::size_t offset = 0; offset < 16; ++offset) {
@@ -68,19 +68,26 @@ KV_TEST(all_paths_agree_on_every_length_and_alignment) {
     }
   }
   for (std::size_t n :
-       {std::size_t{1000}, std::size_t{4095}, std::size_t{4096}, std::size_t{4096 + 63}}) {
-    const std::uint32_t want = reference_crc32c(data.data(), n);
-    CHECK_EQ(kvtier::crc32c(data.data(), n), want);
-    CHECK_EQ(kvtier::test::crc32c_software_path(data.data(), n), want);
-    if (hw) CHECK_EQ(kvtier::test::crc32c_hardware_path(data.data(), n), want);
+       {std::size_t{1000}, std::size_t{4095}, std::size_t{4096}, std::size_t{4096 + 63},
+        // around the hardware path's interleaved rounds of 3 x 4096 bytes
+        std::size_t{3 * 4096 - 1}, std::size_t{3 * 4096}, std::size_t{3 * 4096 + 1},
+        std::size_t{6 * 4096 + 7}, std::size_t{100003}, std::size_t{(1u << 20) + 13}}) {
+    for (std::size_t offset : {std::size_t{0}, std::size_t{3}}) {
+      const unsigned char* p = data.data() + offset;
+      const std::uint32_t want = reference_crc32c(p, n);
+      CHECK_EQ(kvtier::crc32c(p, n), want);
+      CHECK_EQ(kvtier::test::crc32c_software_path(p, n), want);
+      if (hw) CHECK_EQ(kvtier::test::crc32c_hardware_path(p, n), want);
+    }
   }
 }
 
 KV_TEST(incremental_equals_one_shot) {
-  const auto data = kvtest::pattern(10000, 11);
+  const auto data = kvtest::pattern(40000, 11);
   const std::uint32_t whole = kvtier::crc32c(data.data(), data.size());
-  for (std::size_t split : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8},
-                            std::size_t{4096}, std::size_t{9999}, std::size_t{10000}}) {
+  for (std::size_t split :
+       {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{4096},
+        std::size_t{9999}, std::size_t{10000}, std::size_t{12289}, std::size_t{25000}}) {
     const std::uint32_t first = kvtier::crc32c(data.data(), split);
     CHECK_EQ(kvtier::crc32c(data.data() + split, data.size() - split, first), whole);
     CHECK_EQ(
