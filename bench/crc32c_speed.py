@@ -15,7 +15,6 @@ import statistics
 import time
 
 import numpy as np
-
 from kvtier import _core
 
 
