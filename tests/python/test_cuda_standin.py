@@ -35,8 +35,12 @@ def fake_cudart(tmp_path_factory) -> Path:
     if not cxx:
         pytest.skip("no C++ compiler (g++/c++) to build the CUDA stand-in runtime")
     out = tmp_path_factory.mktemp("cuda_standin") / "libfake_cudart.so"
-    proc = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-pthread", "-o",
-                           str(out), str(SOURCE)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-pthread", "-o", str(out), str(SOURCE)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"building the stand-in failed:\n{proc.stderr}"
     return out
 
@@ -121,12 +125,17 @@ def run_child(fake: Path | str, root: Path, body: str, **env: str) -> dict:
     """Runs PRELUDE + body in a fresh interpreter with the stand-in as its CUDA runtime."""
     root.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "KVTIER_CUDART": str(fake), **env}
-    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body), str(root)],
-                          env=full_env, capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(body), str(root)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
     assert proc.returncode == 0, f"child failed (rc {proc.returncode}):\n{proc.stdout}{proc.stderr}"
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert len(lines) == 1, proc.stdout + proc.stderr
-    return json.loads(lines[0][len("RESULT "):])
+    return json.loads(lines[0][len("RESULT ") :])
 
 
 def pieces(run_lengths: list[int], buffer_bytes: int) -> list[int]:
@@ -149,14 +158,18 @@ def pieces(run_lengths: list[int], buffer_bytes: int) -> list[int]:
 
 
 def test_standin_runtime_is_found_and_used(fake_cudart, tmp_path):
-    facts = run_child(fake_cudart, tmp_path, """
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        """
         available, reason = _core.cuda_available(), _core.cuda_unavailable_reason()
         e = engine(numa_bind=True)
         host = _core.Engine(ROOT, n_read_threads=1, n_write_threads=1)
         emit(available=available, reason=reason, enabled=e.cuda_enabled, numa=e.numa_node,
              host_enabled=host.cuda_enabled, versions=calls("cudaRuntimeGetVersion"))
         e.shutdown(); host.shutdown()
-    """)
+    """,
+    )
     assert facts["available"] is True
     assert facts["reason"] == ""
     assert facts["enabled"] is True
@@ -184,11 +197,16 @@ def run_child_bare(lib: Path, root: Path, **env: str) -> dict:
         host.shutdown()
     """)
     full_env = {**os.environ, "KVTIER_CUDART": str(lib), **env}
-    proc = subprocess.run([sys.executable, "-c", code, str(root)], env=full_env,
-                          capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(root)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 @pytest.mark.parametrize("case", ["no-runtime-library", "no-device"])
@@ -208,7 +226,10 @@ def test_use_cuda_without_a_usable_runtime_is_a_clear_error(case, fake_cudart, t
 
 
 def test_cuda_device_out_of_range_is_rejected(fake_cudart, tmp_path):
-    facts = run_child(fake_cudart, tmp_path, """
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        """
         errors = {}
         for device in (2, 5):
             try:
@@ -223,7 +244,9 @@ def test_cuda_device_out_of_range_is_rejected(fake_cudart, tmp_path):
         emit(errors=errors, enabled=e.cuda_enabled, store=summary(c),
              set_device=calls("cudaSetDevice"))
         e.shutdown()
-    """, KVTIER_FAKE_CUDA_DEVICES="2")
+    """,
+        KVTIER_FAKE_CUDA_DEVICES="2",
+    )
     for device in ("2", "5"):
         assert facts["errors"][device] is not None
         assert facts["errors"][device].startswith("ValueError: cuda_device")
@@ -243,8 +266,7 @@ def test_device_layout_needs_a_cuda_engine(tmp_path):
     assert layout.has_device_memory
     e = _core.Engine(str(tmp_path), n_read_threads=1, n_write_threads=1)
     try:
-        with pytest.raises(ValueError, match="device memory needs an engine created with "
-                                             "use_cuda"):
+        with pytest.raises(ValueError, match="device memory needs an engine created with use_cuda"):
             e.submit_blocks(1, _core.Direction.STORE, [str(tmp_path / "k")], [b"k"], [0], layout)
         assert e.pop_completions() == []
         assert not (tmp_path / "k").exists()
@@ -256,9 +278,13 @@ def test_device_layout_needs_a_cuda_engine(tmp_path):
 
 
 @pytest.mark.parametrize("caller_stream", ["created", "legacy"])
-def test_store_waits_for_the_kernel_queued_on_the_callers_stream(caller_stream, fake_cudart,
-                                                                 tmp_path):
-    facts = run_child(fake_cudart, tmp_path, f"""
+def test_store_waits_for_the_kernel_queued_on_the_callers_stream(
+    caller_stream, fake_cudart, tmp_path
+):
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        f"""
         arrays = kv_pairs(2, 6, 3000)
         for a in arrays:
             a[:] = 0
@@ -285,7 +311,8 @@ def test_store_waits_for_the_kernel_queued_on_the_callers_stream(caller_stream, 
              events=[calls("cudaEventCreateWithFlags"), calls("cudaEventRecord"),
                      calls("cudaEventDestroy"), calls("cudaStreamWaitEvent")])
         e.shutdown()
-    """)
+    """,
+    )
     assert facts["store"]["success"], facts["store"]["error"]
     assert facts["load"]["success"], facts["load"]["error"]
     assert facts["files_match"], "the stored payload is not the kernels' bytes"
@@ -300,7 +327,10 @@ def test_store_waits_for_the_kernel_queued_on_the_callers_stream(caller_stream, 
 
 def test_loads_are_complete_when_reported(fake_cudart, tmp_path):
     # A load reports only after its copies finished: the bytes are there at once, every time.
-    facts = run_child(fake_cudart, tmp_path, """
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        """
         arrays = kv_pairs(3, 8, 5000, seed=4)
         layout = pair_layout(arrays)
         e = engine(n_read_threads=4)
@@ -316,7 +346,8 @@ def test_loads_are_complete_when_reported(fake_cudart, tmp_path):
             mismatches += sum(block(arrays, 4 + b) != expected[b] for b in range(4))
         emit(mismatches=mismatches, records=calls("cudaEventRecord") - records_before)
         e.shutdown()
-    """)
+    """,
+    )
     assert facts["mismatches"] == 0
     assert facts["records"] == 0  # loads do not wait on the caller's stream
 
@@ -325,11 +356,17 @@ def test_loads_are_complete_when_reported(fake_cudart, tmp_path):
 
 
 @pytest.mark.parametrize("version", [BATCH_VERSION, NO_BATCH_VERSION])
-@pytest.mark.parametrize(("layers", "run_bytes"), [(2, 3000), (1, 20000), (3, 100)],
-                         ids=["4-runs-2-pieces", "2-big-runs", "6-small-runs"])
+@pytest.mark.parametrize(
+    ("layers", "run_bytes"),
+    [(2, 3000), (1, 20000), (3, 100)],
+    ids=["4-runs-2-pieces", "2-big-runs", "6-small-runs"],
+)
 def test_batched_or_per_run_copies(version, layers, run_bytes, fake_cudart, tmp_path):
     buffer_bytes = 8192
-    facts = run_child(fake_cudart, tmp_path, f"""
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        f"""
         arrays = kv_pairs({layers}, 4, {run_bytes}, seed=1)
         layout = pair_layout(arrays)
         e = engine(staging_buffer_bytes={buffer_bytes}, n_read_threads=1, n_write_threads=1)
@@ -346,15 +383,16 @@ def test_batched_or_per_run_copies(version, layers, run_bytes, fake_cudart, tmp_
              load_calls=[b - a for a, b in zip(c1, c2)],
              exact=block(arrays, 0) == block(arrays, 3))
         e.shutdown()
-    """, KVTIER_FAKE_CUDART_VERSION=str(version))
+    """,
+        KVTIER_FAKE_CUDART_VERSION=str(version),
+    )
     assert facts["store"]["success"], facts["store"]["error"]
     assert facts["load"]["success"], facts["load"]["error"]
     assert facts["exact"]
     per_piece = pieces([run_bytes] * (2 * layers), buffer_bytes)
     if version >= BATCH_VERSION:
         # One batched call for each piece that spans several runs; a single run is one copy.
-        expected = [sum(n > 1 for n in per_piece), sum(n == 1 for n in per_piece),
-                    len(per_piece)]
+        expected = [sum(n > 1 for n in per_piece), sum(n == 1 for n in per_piece), len(per_piece)]
     else:
         expected = [0, sum(per_piece), len(per_piece)]
     assert facts["store_calls"] == expected
@@ -363,7 +401,10 @@ def test_batched_or_per_run_copies(version, layers, run_bytes, fake_cudart, tmp_
 
 @pytest.mark.parametrize("version", [BATCH_VERSION, NO_BATCH_VERSION])
 def test_large_blocks_stream_through_small_staging_both_ways(version, fake_cudart, tmp_path):
-    facts = run_child(fake_cudart, tmp_path, """
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        """
         # Three device layers of [2, 8, 10007] plus one host layer: 65,042-byte blocks
         # through 8192-byte staging buffers, device and host runs mixed within pieces.
         arrays = kv_pairs(3, 8, 10007, seed=2)
@@ -391,7 +432,9 @@ def test_large_blocks_stream_through_small_staging_both_ways(version, fake_cudar
              sources_kept=after[:4] == before[:4],
              registered=lib.kvtier_fake_registered_bytes())
         e.shutdown()
-    """, KVTIER_FAKE_CUDART_VERSION=str(version))
+    """,
+        KVTIER_FAKE_CUDART_VERSION=str(version),
+    )
     payload = 3 * 2 * 10007 + 5000
     assert facts["payload"] == payload and facts["segments"] == 7
     assert facts["store"]["success"], facts["store"]["error"]
@@ -407,19 +450,27 @@ def test_large_blocks_stream_through_small_staging_both_ways(version, fake_cudar
 # ---- errors ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("function", "direction", "version", "nth"), [
-    ("cudaMemcpyBatchAsync", "STORE", BATCH_VERSION, 1),
-    ("cudaMemcpyBatchAsync", "LOAD", BATCH_VERSION, 2),
-    ("cudaMemcpyAsync", "STORE", NO_BATCH_VERSION, 3),
-    ("cudaMemcpyAsync", "LOAD", NO_BATCH_VERSION, 1),
-    ("cudaStreamSynchronize", "STORE", BATCH_VERSION, 2),
-    ("cudaStreamSynchronize", "LOAD", BATCH_VERSION, 1),
-    ("cudaStreamWaitEvent", "STORE", BATCH_VERSION, 1),
-    ("cudaStreamCreateWithFlags", "LOAD", BATCH_VERSION, 1),
-], ids=lambda v: str(v))
-def test_cuda_errors_fail_the_job_with_the_error_name(function, direction, version, nth,
-                                                      fake_cudart, tmp_path):
-    facts = run_child(fake_cudart, tmp_path, f"""
+@pytest.mark.parametrize(
+    ("function", "direction", "version", "nth"),
+    [
+        ("cudaMemcpyBatchAsync", "STORE", BATCH_VERSION, 1),
+        ("cudaMemcpyBatchAsync", "LOAD", BATCH_VERSION, 2),
+        ("cudaMemcpyAsync", "STORE", NO_BATCH_VERSION, 3),
+        ("cudaMemcpyAsync", "LOAD", NO_BATCH_VERSION, 1),
+        ("cudaStreamSynchronize", "STORE", BATCH_VERSION, 2),
+        ("cudaStreamSynchronize", "LOAD", BATCH_VERSION, 1),
+        ("cudaStreamWaitEvent", "STORE", BATCH_VERSION, 1),
+        ("cudaStreamCreateWithFlags", "LOAD", BATCH_VERSION, 1),
+    ],
+    ids=lambda v: str(v),
+)
+def test_cuda_errors_fail_the_job_with_the_error_name(
+    function, direction, version, nth, fake_cudart, tmp_path
+):
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        f"""
         arrays = kv_pairs(2, 4, 3000, seed=5)
         layout = pair_layout(arrays)
         stream = new_stream()
@@ -453,7 +504,9 @@ def test_cuda_errors_fail_the_job_with_the_error_name(function, direction, versi
         emit(failed=summary(done[2]), again=summary(done[3]), leftovers=leftovers,
              again_exact=again_exact, source_kept=block(arrays, 1) == before[1])
         e.shutdown()
-    """, KVTIER_FAKE_CUDART_VERSION=str(version))
+    """,
+        KVTIER_FAKE_CUDART_VERSION=str(version),
+    )
     failed = facts["failed"]
     assert failed["success"] is False
     assert failed["errnos"] == [errno.EIO]
@@ -473,7 +526,10 @@ def test_failed_device_store_leaves_no_work_behind(fake_cudart, tmp_path):
     goes to the next block. The stand-in frees an event at cudaEventDestroy even while a
     stream still waits on it, so a wait left queued by the failed store hangs that stream;
     each round ends with a shutdown, which joins the worker streams, and so hangs too."""
-    facts = run_child(fake_cudart, tmp_path, """
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        """
         import faulthandler
         faulthandler.dump_traceback_later(20, exit=True)  # a hang fails with a traceback
         arrays = kv_pairs(1, 4, 3000)
@@ -492,13 +548,17 @@ def test_failed_device_store_leaves_no_work_behind(fake_cudart, tmp_path):
             e.shutdown()
         faulthandler.cancel_dump_traceback_later()
         emit(failed=failed)
-    """)
+    """,
+    )
     assert facts["failed"] == 50
 
 
 @pytest.mark.parametrize("function", ["cudaEventRecord", "cudaEventCreateWithFlags"])
 def test_event_errors_at_submit_raise(function, fake_cudart, tmp_path):
-    facts = run_child(fake_cudart, tmp_path, f"""
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        f"""
         arrays = kv_pairs(1, 2, 100)
         layout = pair_layout(arrays)
         e = engine()
@@ -516,7 +576,8 @@ def test_event_errors_at_submit_raise(function, fake_cudart, tmp_path):
         emit(error=error, leaked=len(leaked), retry=summary(retry),
              events=[calls("cudaEventCreateWithFlags"), calls("cudaEventDestroy")])
         e.shutdown()
-    """)
+    """,
+    )
     assert facts["error"] is not None
     assert facts["error"].startswith("RuntimeError: cannot record the submitting stream's event")
     assert "cudaErrorMemoryAllocation" in facts["error"]
@@ -527,7 +588,10 @@ def test_event_errors_at_submit_raise(function, fake_cudart, tmp_path):
 
 
 def test_failed_pinning_still_copies(fake_cudart, tmp_path):
-    facts = run_child(fake_cudart, tmp_path, """
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        """
         arrays = kv_pairs(2, 4, 6000, seed=6)
         layout = pair_layout(arrays)
         e = engine(n_read_threads=1, n_write_threads=1, staging_bytes_total=8192)
@@ -537,7 +601,8 @@ def test_failed_pinning_still_copies(fake_cudart, tmp_path):
         emit(store=summary(store), load=summary(load), exact=block(arrays, 1) == block(arrays, 2),
              registered=lib.kvtier_fake_registered_bytes())
         e.shutdown()
-    """)
+    """,
+    )
     assert facts["store"]["success"], facts["store"]["error"]
     assert facts["load"]["success"], facts["load"]["error"]
     assert facts["exact"]
@@ -548,7 +613,10 @@ def test_failed_pinning_still_copies(fake_cudart, tmp_path):
 
 
 def test_staging_is_pinned_on_first_use_and_released_at_shutdown(fake_cudart, tmp_path):
-    facts = run_child(fake_cudart, tmp_path, """
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        """
         arrays = kv_pairs(2, 8, 20000, seed=7)
         layout = pair_layout(arrays)
         e = engine(n_read_threads=4, n_write_threads=4, staging_bytes_total=3 * 8192)
@@ -564,7 +632,8 @@ def test_staging_is_pinned_on_first_use_and_released_at_shutdown(fake_cudart, tm
         emit(idle=idle, running=running, after=after,
              ok=all(c.success for c in stores.values()) and loads.success,
              registers=calls("cudaHostRegister"), unregisters=calls("cudaHostUnregister"))
-    """)
+    """,
+    )
     assert facts["ok"]
     assert facts["idle"] == 0  # allocated on first use
     assert facts["running"] > 0
@@ -574,7 +643,10 @@ def test_staging_is_pinned_on_first_use_and_released_at_shutdown(fake_cudart, tm
 
 
 def test_host_only_engine_never_touches_the_runtime(fake_cudart, tmp_path):
-    facts = run_child(fake_cudart, tmp_path, """
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        """
         arrays = kv_pairs(2, 4, 6000, seed=8)
         layout = pair_layout(arrays, device=False)
         e = engine(use_cuda=False)
@@ -585,7 +657,8 @@ def test_host_only_engine_never_touches_the_runtime(fake_cudart, tmp_path):
              copies=calls("cudaMemcpyAsync") + calls("cudaMemcpyBatchAsync"),
              streams=calls("cudaStreamCreateWithFlags"))
         e.shutdown()
-    """)
+    """,
+    )
     assert facts["ok"] and facts["exact"]
     assert facts["registered"] == 0
     assert facts["copies"] == 0

@@ -22,8 +22,10 @@ except ImportError:
     pytest.skip("torch is not installed (the GPU tests need CUDA torch)", allow_module_level=True)
 
 if not torch.cuda.is_available():
-    pytest.skip("torch sees no CUDA device (these tests run on a GPU machine: tests/gpu/run.sh)",
-                allow_module_level=True)
+    pytest.skip(
+        "torch sees no CUDA device (these tests run on a GPU machine: tests/gpu/run.sh)",
+        allow_module_level=True,
+    )
 
 from kvtier import _core
 from kvtier.gpu import GPUStorageTransfer, cuda_available
@@ -54,8 +56,16 @@ def rand_cuda(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Te
 
 
 def block_cpu_bytes(kv: list[torch.Tensor], block_dim: int, b: int) -> bytes:
-    return b"".join(bits(t.select(block_dim, b)).contiguous().cpu().reshape(-1)
-                    .view(torch.uint8).numpy().tobytes() for t in kv)
+    return b"".join(
+        bits(t.select(block_dim, b))
+        .contiguous()
+        .cpu()
+        .reshape(-1)
+        .view(torch.uint8)
+        .numpy()
+        .tobytes()
+        for t in kv
+    )
 
 
 def wait(transfer, job_ids, timeout: float = WAIT_SECONDS) -> dict:
@@ -95,12 +105,20 @@ def test_kvtier_uses_the_cuda_runtime_torch_loaded(make_transfer):
 
 LAYOUTS = {
     # name: (factory(seed) -> tensors, block_dim)
-    "dim0-bf16-4layers": (lambda s: [rand_cuda((N, 16, 8, 128), torch.bfloat16, s + i)
-                                     for i in range(4)], 0),
-    "dim1-bf16-kv-pairs": (lambda s: [rand_cuda((2, N, 16, 8, 128), torch.bfloat16, s + i)
-                                      for i in range(3)], 1),
-    "transposed-outer-fp16": (lambda s: [rand_cuda((2, N, 16, 4, 64), torch.float16, s + i)
-                                         .transpose(0, 1) for i in range(2)], 0),
+    "dim0-bf16-4layers": (
+        lambda s: [rand_cuda((N, 16, 8, 128), torch.bfloat16, s + i) for i in range(4)],
+        0,
+    ),
+    "dim1-bf16-kv-pairs": (
+        lambda s: [rand_cuda((2, N, 16, 8, 128), torch.bfloat16, s + i) for i in range(3)],
+        1,
+    ),
+    "transposed-outer-fp16": (
+        lambda s: [
+            rand_cuda((2, N, 16, 4, 64), torch.float16, s + i).transpose(0, 1) for i in range(2)
+        ],
+        0,
+    ),
     "dim2-bf16-many-runs": (lambda s: [rand_cuda((2, 8, N, 40), torch.bfloat16, s)], 2),
 }
 
@@ -110,8 +128,12 @@ LAYOUTS = {
 def test_round_trip_from_cuda_tensors(name, staging_buffer_bytes, make_transfer):
     build, block_dim = LAYOUTS[name]
     kv = build(0)
-    t = make_transfer(kv, block_dim, staging_buffer_bytes=staging_buffer_bytes,
-                      staging_bytes_total=4 * staging_buffer_bytes)
+    t = make_transfer(
+        kv,
+        block_dim,
+        staging_buffer_bytes=staging_buffer_bytes,
+        staging_bytes_total=4 * staging_buffer_bytes,
+    )
     before = [bits(x).clone() for x in kv]
     src, dst = [0, 2, 5], [7, 1, 4]
     keys = [key(b) for b in src]
@@ -165,12 +187,20 @@ def test_cuda_store_and_fs_tier_interop(make_transfer, tmp_path):
 
     rows = np.zeros((4, t.block_bytes), dtype=np.uint8)
     fs = SecondaryTierFactory.create_secondary_tier(
-        {"type": "fs", "root_dir": str(tmp_path / "root"), "n_read_threads": 2,
-         "n_write_threads": 2}, memoryview(rows), SPEC)
+        {
+            "type": "fs",
+            "root_dir": str(tmp_path / "root"),
+            "n_read_threads": 2,
+            "n_write_threads": 2,
+        },
+        memoryview(rows),
+        SPEC,
+    )
     try:
         # GPU -> files -> fs tier rows.
-        fs.submit_load(JobMetadata(1, [key(2), key(6)], np.array([1, 3], dtype=np.int64),
-                                   False, CTX))
+        fs.submit_load(
+            JobMetadata(1, [key(2), key(6)], np.array([1, 3], dtype=np.int64), False, CTX)
+        )
         r = wait(fs, [1])[1]
         assert r.success, r.error
         assert rows[1].tobytes() == block_cpu_bytes(kv, block_dim, 2)
@@ -207,8 +237,10 @@ def _gbps(nbytes: int, seconds: float) -> float:
 def test_measure_device_file_bandwidth(make_transfer, tmp_path):
     """1 GiB of KV in 2 MiB blocks (32 layers of [2, blocks, 16, 8, 128] bf16)."""
     layers, blocks, jobs_of = 32, 512, 32
-    kv = [torch.randn((2, blocks, 16, 8, 128), device="cuda").to(torch.bfloat16)
-          for _ in range(layers)]
+    kv = [
+        torch.randn((2, blocks, 16, 8, 128), device="cuda").to(torch.bfloat16)
+        for _ in range(layers)
+    ]
     total = sum(x.numel() * x.element_size() for x in kv)
     t = make_transfer(kv, 1, n_read_threads=16, n_write_threads=16)
     assert t.block_bytes == 2 << 20
@@ -274,8 +306,11 @@ def test_measure_device_file_bandwidth(make_transfer, tmp_path):
         "file_to_device_gbps": _gbps(total, load_s),
         "device_to_pinned_host_gbps": _gbps(total, d2h_s),
         "pinned_host_to_device_gbps": _gbps(total, h2d_s),
-        "note": ("O_DIRECT: the page cache is bypassed" if t._engine.direct_io else
-                 "buffered I/O: files go through the page cache (durability none)"),
+        "note": (
+            "O_DIRECT: the page cache is bypassed"
+            if t._engine.direct_io
+            else "buffered I/O: files go through the page cache (durability none)"
+        ),
     }
     print("\nKVTIER_GPU_RESULTS " + json.dumps(figures, indent=2))
     out = os.environ.get("KVTIER_GPU_RESULTS")

@@ -24,8 +24,10 @@ import pytest
 try:
     import torch
 except ImportError:  # CI installs torch; a bare checkout without it skips this module
-    pytest.skip("torch is not installed: GPUStorageTransfer takes torch tensors "
-                "(pip install torch)", allow_module_level=True)
+    pytest.skip(
+        "torch is not installed: GPUStorageTransfer takes torch tensors (pip install torch)",
+        allow_module_level=True,
+    )
 
 import kvtier
 from kvtier import _core
@@ -41,10 +43,13 @@ PAGE = 4096
 
 DEVICES = [
     "cpu",
-    pytest.param("cuda", marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device"),
-    ]),
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device"),
+        ],
+    ),
 ]
 
 
@@ -83,8 +88,10 @@ class Layout:
     view: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
 
     def make(self, device: str, seed: int = 0) -> list[torch.Tensor]:
-        return [self.view(rand(shape, dtype, seed + i).to(device))
-                for i, (shape, dtype) in enumerate(self.bases)]
+        return [
+            self.view(rand(shape, dtype, seed + i).to(device))
+            for i, (shape, dtype) in enumerate(self.bases)
+        ]
 
 
 N = NUM_BLOCKS
@@ -96,13 +103,20 @@ LAYOUTS = [
     # One large int8 block (21003 bytes, not a page multiple): six staging pieces.
     Layout("dim0-int8-large", (((N, 3, 7001), torch.int8),), 0),
     # A transposed outer dim: [2, N, ...] viewed as [N, 2, ...]; not contiguous, still valid.
-    Layout("transposed-outer", tuple(((2, N, 8, 64), torch.bfloat16) for _ in range(2)), 0,
-           lambda t: t.transpose(0, 1)),
+    Layout(
+        "transposed-outer",
+        tuple(((2, N, 8, 64), torch.bfloat16) for _ in range(2)),
+        0,
+        lambda t: t.transpose(0, 1),
+    ),
     # Block dim in the middle: eight 24-byte runs per block; runs straddle staging pieces.
     Layout("dim2-many-small-runs", (((2, 4, N, 24), torch.int8),), 2),
     # Layers of different dtypes and sizes; a negative block_dim.
-    Layout("mixed-dtypes-negative-dim", (((N, 100), torch.bfloat16), ((N, 33), torch.int8),
-                                         ((N, 50), torch.float16)), -2),
+    Layout(
+        "mixed-dtypes-negative-dim",
+        (((N, 100), torch.bfloat16), ((N, 33), torch.int8), ((N, 50), torch.float16)),
+        -2,
+    ),
 ]
 LAYOUT_IDS = [layout.name for layout in LAYOUTS]
 
@@ -112,8 +126,13 @@ def make_transfer(tmp_path):
     made: list[GPUStorageTransfer] = []
 
     def make(kv: list[torch.Tensor], block_dim: int = 0, **options) -> GPUStorageTransfer:
-        options = {"n_read_threads": 2, "n_write_threads": 2, "staging_buffer_bytes": PAGE,
-                   "staging_bytes_total": 2 * PAGE, **options}
+        options = {
+            "n_read_threads": 2,
+            "n_write_threads": 2,
+            "staging_buffer_bytes": PAGE,
+            "staging_bytes_total": 2 * PAGE,
+            **options,
+        }
         transfer = GPUStorageTransfer(kv, SPEC, str(tmp_path / "root"), block_dim, **options)
         made.append(transfer)
         return transfer
@@ -128,8 +147,12 @@ def make_fs_tier(tmp_path):
     tiers = []
 
     def make(rows: np.ndarray):
-        config = {"type": "fs", "root_dir": str(tmp_path / "root"), "n_read_threads": 2,
-                  "n_write_threads": 2}
+        config = {
+            "type": "fs",
+            "root_dir": str(tmp_path / "root"),
+            "n_read_threads": 2,
+            "n_write_threads": 2,
+        }
         tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(rows), SPEC)
         tiers.append(tier)
         return tier
@@ -153,8 +176,7 @@ def fs_job(job_id: int, keys: list[bytes], slots: list[int]) -> JobMetadata:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
-def test_round_trip_into_other_blocks_is_byte_exact(layout, device, make_transfer,
-                                                    collect_results):
+def test_round_trip_into_other_blocks_is_byte_exact(layout, device, make_transfer, collect_results):
     kv = layout.make(device)
     t = make_transfer(kv, layout.block_dim)
     before = snapshot(kv, layout.block_dim)
@@ -190,20 +212,30 @@ def test_bytes_in_the_file_are_the_c_order_slices(make_transfer, collect_results
     result = run_job(t, collect_results, t.store, 1, [5], [key(5)])
     assert result.success, result.error
     data = Path(t.file_mapper.get_file_name(key(5))).read_bytes()
-    payload = data[_core.HEADER_SIZE:_core.HEADER_SIZE + t.block_bytes]
+    payload = data[_core.HEADER_SIZE : _core.HEADER_SIZE + t.block_bytes]
     assert payload == block_bytes(kv, layout.block_dim, 5)
-    assert data[_core.HEADER_SIZE + t.block_bytes:] == bytes(len(data) - _core.HEADER_SIZE
-                                                             - t.block_bytes)
+    assert data[_core.HEADER_SIZE + t.block_bytes :] == bytes(
+        len(data) - _core.HEADER_SIZE - t.block_bytes
+    )
 
 
-@pytest.mark.parametrize("staging", [(PAGE, PAGE), (2 * PAGE, 2 * PAGE), (PAGE, 4 * PAGE)],
-                         ids=["one-4k-buffer", "one-8k-buffer", "four-4k-buffers"])
+@pytest.mark.parametrize(
+    "staging",
+    [(PAGE, PAGE), (2 * PAGE, 2 * PAGE), (PAGE, 4 * PAGE)],
+    ids=["one-4k-buffer", "one-8k-buffer", "four-4k-buffers"],
+)
 def test_small_staging_streams_many_blocks_in_pieces(staging, make_transfer, collect_results):
     # More workers than staging buffers: workers wait for a buffer instead of failing.
     buffer_bytes, total = staging
     kv = [rand((16, 2, 9000), torch.int8, 7), rand((16, 5000), torch.int8, 8)]
-    t = make_transfer(kv, 0, n_read_threads=4, n_write_threads=4,
-                      staging_buffer_bytes=buffer_bytes, staging_bytes_total=total)
+    t = make_transfer(
+        kv,
+        0,
+        n_read_threads=4,
+        n_write_threads=4,
+        staging_buffer_bytes=buffer_bytes,
+        staging_bytes_total=total,
+    )
     before = snapshot(kv, 0)
     keys = [key(100 + b) for b in range(8)]
     for b in range(8):
@@ -218,9 +250,11 @@ def test_small_staging_streams_many_blocks_in_pieces(staging, make_transfer, col
     assert snapshot(kv, 0)[8:] == before[:8]
 
 
-@pytest.mark.parametrize("options", [{"checksum": "none"}, {"o_direct": False},
-                                     {"durability": "full", "file_mode": 0o640}],
-                         ids=["no-checksum", "buffered", "durable-0640"])
+@pytest.mark.parametrize(
+    "options",
+    [{"checksum": "none"}, {"o_direct": False}, {"durability": "full", "file_mode": 0o640}],
+    ids=["no-checksum", "buffered", "durable-0640"],
+)
 def test_storage_options_apply(options, make_transfer, collect_results):
     kv = LAYOUTS[0].make("cpu")
     t = make_transfer(kv, 0, **options)
@@ -238,10 +272,10 @@ def test_storage_options_apply(options, make_transfer, collect_results):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[3]], ids=[LAYOUTS[1].name,
-                                                                  LAYOUTS[3].name])
-def test_transfer_store_is_loaded_by_the_fs_tier(layout, device, make_transfer, make_fs_tier,
-                                                 collect_results):
+@pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[3]], ids=[LAYOUTS[1].name, LAYOUTS[3].name])
+def test_transfer_store_is_loaded_by_the_fs_tier(
+    layout, device, make_transfer, make_fs_tier, collect_results
+):
     kv = layout.make(device)
     t = make_transfer(kv, layout.block_dim)
     keys = [key(b) for b in (2, 5)]
@@ -251,8 +285,9 @@ def test_transfer_store_is_loaded_by_the_fs_tier(layout, device, make_transfer, 
     rows = np.zeros((4, t.block_bytes), dtype=np.uint8)
     fs = make_fs_tier(rows)
     assert fs.file_mapper.namespace_dir == t.file_mapper.namespace_dir
-    assert [fs.file_mapper.get_file_name(k) for k in keys] == \
-        [t.file_mapper.get_file_name(k) for k in keys]
+    assert [fs.file_mapper.get_file_name(k) for k in keys] == [
+        t.file_mapper.get_file_name(k) for k in keys
+    ]
     assert all(fs.lookup(k, CTX) for k in keys)
     fs.submit_load(fs_job(2, keys, [3, 1]))
     loaded = collect_results(fs, [2])[2]
@@ -263,10 +298,10 @@ def test_transfer_store_is_loaded_by_the_fs_tier(layout, device, make_transfer, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", [LAYOUTS[0], LAYOUTS[4]], ids=[LAYOUTS[0].name,
-                                                                  LAYOUTS[4].name])
-def test_fs_tier_store_is_loaded_by_the_transfer(layout, device, make_transfer, make_fs_tier,
-                                                 collect_results):
+@pytest.mark.parametrize("layout", [LAYOUTS[0], LAYOUTS[4]], ids=[LAYOUTS[0].name, LAYOUTS[4].name])
+def test_fs_tier_store_is_loaded_by_the_transfer(
+    layout, device, make_transfer, make_fs_tier, collect_results
+):
     kv = layout.make(device)
     t = make_transfer(kv, layout.block_dim)
     rows = np.random.default_rng(3).integers(0, 256, (4, t.block_bytes), dtype=np.uint8)
@@ -282,16 +317,18 @@ def test_fs_tier_store_is_loaded_by_the_transfer(layout, device, make_transfer, 
     after = snapshot(kv, layout.block_dim)
     assert after[6] == rows[0].tobytes()
     assert after[1] == rows[3].tobytes()
-    assert [after[b] == before[b] for b in range(NUM_BLOCKS) if b not in (1, 6)] == \
-        [True] * (NUM_BLOCKS - 2)
+    assert [after[b] == before[b] for b in range(NUM_BLOCKS) if b not in (1, 6)] == [True] * (
+        NUM_BLOCKS - 2
+    )
 
 
 # ---- failures -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_load_of_missing_key_fails_and_leaves_its_block_untouched(device, make_transfer,
-                                                                  collect_results):
+def test_load_of_missing_key_fails_and_leaves_its_block_untouched(
+    device, make_transfer, collect_results
+):
     layout = LAYOUTS[1]
     kv = layout.make(device)
     t = make_transfer(kv, layout.block_dim)
@@ -313,8 +350,7 @@ def test_load_of_missing_key_fails_and_leaves_its_block_untouched(device, make_t
     assert snapshot(kv, layout.block_dim)[7] == before[1]
 
 
-def test_load_of_a_block_stored_for_another_layout_fails(tmp_path, make_transfer,
-                                                         collect_results):
+def test_load_of_a_block_stored_for_another_layout_fails(tmp_path, make_transfer, collect_results):
     small = [rand((4, 256), torch.int8, 1)]
     t_small = make_transfer(small, 0)
     assert run_job(t_small, collect_results, t_small.store, 1, [0], [key(0)]).success
@@ -350,14 +386,19 @@ def test_job_argument_errors(make_transfer, collect_results):
 # ---- layout validation ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", [
-    lambda: torch.zeros(8, 4, 6)[:, :, ::2],
-    lambda: torch.zeros(8, 4, 6).transpose(1, 2),
-    lambda: torch.zeros(4, 8).t(),
-], ids=["strided-last-dim", "swapped-inner-dims", "block-dim-innermost"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.zeros(8, 4, 6)[:, :, ::2],
+        lambda: torch.zeros(8, 4, 6).transpose(1, 2),
+        lambda: torch.zeros(4, 8).t(),
+    ],
+    ids=["strided-last-dim", "swapped-inner-dims", "block-dim-innermost"],
+)
 def test_innermost_dim_not_contiguous_is_rejected(make, tmp_path):
-    with pytest.raises(ValueError, match="innermost dimension of a block slice is not "
-                                         "contiguous") as e:
+    with pytest.raises(
+        ValueError, match="innermost dimension of a block slice is not contiguous"
+    ) as e:
         GPUStorageTransfer([torch.zeros(8, 12), make()], SPEC, str(tmp_path), 0)
     assert "kv_caches[1]" in str(e.value)
 
@@ -381,20 +422,37 @@ def test_mismatched_kv_caches_are_rejected(tmp_path):
 # ---- options ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"n_reader_threads": 2}, "Unknown option 'n_reader_threads' for GPUStorageTransfer. "
-                              "Valid options:"),
-    ({"staging_buffer_bytes": 5000}, "'staging_buffer_bytes'.*a multiple of 4096"),
-    ({"staging_buffer_bytes": 2048}, "'staging_buffer_bytes'.*an integer >= 4096"),
-    ({"staging_buffer_bytes": 8192, "staging_bytes_total": 4096},
-     "'staging_bytes_total'.*an integer >= 8192"),
-    ({"staging_bytes_total": "lots"}, "'staging_bytes_total'"),
-    ({"staging_buffer_bytes": True}, "'staging_buffer_bytes'"),
-    ({"checksum": "md5"}, "'checksum'.*one of"),
-    ({"n_read_threads": 0, "n_write_threads": 0}, "at least 1"),
-    ({"numa_bind": "maybe"}, "'numa_bind'"),
-], ids=["unknown", "buffer-not-page-multiple", "buffer-too-small", "total-below-buffer",
-        "total-not-int", "buffer-bool", "checksum", "no-threads", "numa-bind"])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"n_reader_threads": 2},
+            "Unknown option 'n_reader_threads' for GPUStorageTransfer. Valid options:",
+        ),
+        ({"staging_buffer_bytes": 5000}, "'staging_buffer_bytes'.*a multiple of 4096"),
+        ({"staging_buffer_bytes": 2048}, "'staging_buffer_bytes'.*an integer >= 4096"),
+        (
+            {"staging_buffer_bytes": 8192, "staging_bytes_total": 4096},
+            "'staging_bytes_total'.*an integer >= 8192",
+        ),
+        ({"staging_bytes_total": "lots"}, "'staging_bytes_total'"),
+        ({"staging_buffer_bytes": True}, "'staging_buffer_bytes'"),
+        ({"checksum": "md5"}, "'checksum'.*one of"),
+        ({"n_read_threads": 0, "n_write_threads": 0}, "at least 1"),
+        ({"numa_bind": "maybe"}, "'numa_bind'"),
+    ],
+    ids=[
+        "unknown",
+        "buffer-not-page-multiple",
+        "buffer-too-small",
+        "total-below-buffer",
+        "total-not-int",
+        "buffer-bool",
+        "checksum",
+        "no-threads",
+        "numa-bind",
+    ],
+)
 def test_invalid_options_are_rejected_before_anything_is_created(options, message, tmp_path):
     root = tmp_path / "root"
     with pytest.raises(ValueError, match=message):
@@ -403,8 +461,14 @@ def test_invalid_options_are_rejected_before_anything_is_created(options, messag
 
 
 def test_options_are_parsed(make_transfer):
-    t = make_transfer([torch.zeros(8, 16)], 0, staging_buffer_bytes="8192",
-                      staging_bytes_total=3 * 8192, numa_bind=True, o_direct=False)
+    t = make_transfer(
+        [torch.zeros(8, 16)],
+        0,
+        staging_buffer_bytes="8192",
+        staging_bytes_total=3 * 8192,
+        numa_bind=True,
+        o_direct=False,
+    )
     assert t.options.staging_buffer_bytes == 8192
     assert t.options.staging_bytes_total == 3 * 8192
     assert t.options.numa_bind is True
@@ -439,8 +503,13 @@ def test_package_imports_and_works_without_any_cuda_runtime(tmp_path):
         "t.shutdown()\n"
     )
     env = {**os.environ, "KVTIER_CUDART": str(tmp_path / "no-such-libcudart.so")}
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "root")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "root")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no-such-libcudart.so" in proc.stdout
 
@@ -458,16 +527,20 @@ def test_built_binaries_do_not_link_cuda():
         proc = subprocess.run(["ldd", str(path)], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert "libc.so" in proc.stdout  # ldd did resolve something
-        cuda = [line for line in proc.stdout.splitlines()
-                if re.search(r"cuda|cudart|nvrtc|nvidia", line, re.IGNORECASE)]
+        cuda = [
+            line
+            for line in proc.stdout.splitlines()
+            if re.search(r"cuda|cudart|nvrtc|nvidia", line, re.IGNORECASE)
+        ]
         assert cuda == [], f"{path.name} links CUDA libraries: {cuda}"
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="nm (binutils) is not installed")
 def test_built_binaries_have_no_undefined_cuda_symbols():
     for path in _native_files():
-        proc = subprocess.run(["nm", "-D", "--undefined-only", str(path)], capture_output=True,
-                              text=True, timeout=60)
+        proc = subprocess.run(
+            ["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True, timeout=60
+        )
         assert proc.returncode == 0, proc.stderr
         symbols = [line.split()[-1] for line in proc.stdout.splitlines() if line.strip()]
         assert symbols, f"nm found no undefined symbols in {path.name}"  # nm did read it
