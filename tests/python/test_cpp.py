@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import kvtier
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +98,6 @@ def test_cpp_unit_tests(cpp_build: Path, tmp_path: Path) -> None:
 def test_consumer_builds_against_installed_package(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
-    kvtier = pytest.importorskip("kvtier")
     cmake = _tool("cmake")
     cmake_dir = Path(kvtier.cmake_dir())
     assert (cmake_dir / "kvtierConfig.cmake").is_file(), f"no kvtierConfig.cmake in {cmake_dir}"
