@@ -11,6 +11,11 @@ P95_FLOOD_RATIO = 3.0
 LOOP_RATIO = 0.95
 
 
+def _target(text: str, value: float | None, limit: float, at_least: bool) -> dict:
+    met = None if value is None else (value >= limit if at_least else value <= limit)
+    return {"target": text, "value": value, "limit": limit, "met": met}
+
+
 def evaluate_targets(results: dict) -> list[dict]:
     """One entry per target and block size: what, value, limit, met (None: not measurable)."""
     out: list[dict] = []
@@ -23,14 +28,8 @@ def evaluate_targets(results: dict) -> list[dict]:
             limit = FIO_FRACTION[bs]
             for direction in ("store", "load"):
                 value = ours["throughput"].get(f"{direction}_vs_fio") if fio else None
-                out.append(
-                    {
-                        "target": f"{label} {direction} throughput >= {limit:.0%} of fio",
-                        "value": value,
-                        "limit": limit,
-                        "met": None if value is None else value >= limit,
-                    }
-                )
+                text = f"{label} {direction} throughput >= {limit:.0%} of fio"
+                out.append(_target(text, value, limit, at_least=True))
         for direction in ("store", "load"):
             key = f"{direction}_cpu_s_per_gib"
             value = (
@@ -38,30 +37,10 @@ def evaluate_targets(results: dict) -> list[dict]:
                 if vllm and vllm["throughput"].get(key)
                 else None
             )
-            out.append(
-                {
-                    "target": f"{label} {direction} CPU s/GiB <= {CPU_VS_VLLM:.2f}x vLLM's fs tier",
-                    "value": value,
-                    "limit": CPU_VS_VLLM,
-                    "met": None if value is None else value <= CPU_VS_VLLM,
-                }
-            )
-        value = ours["latency"].get("p95_ratio")
-        out.append(
-            {
-                "target": f"{label} load p95 under store flood <= {P95_FLOOD_RATIO:.0f}x idle p95",
-                "value": value,
-                "limit": P95_FLOOD_RATIO,
-                "met": None if value is None else value <= P95_FLOOD_RATIO,
-            }
-        )
-        value = ours["interference"].get("ratio")
-        out.append(
-            {
-                "target": f"{label} scheduler loop keeps >= {LOOP_RATIO:.0%} of its idle rate",
-                "value": value,
-                "limit": LOOP_RATIO,
-                "met": None if value is None else value >= LOOP_RATIO,
-            }
-        )
+            text = f"{label} {direction} CPU s/GiB <= {CPU_VS_VLLM:.2f}x vLLM's fs tier"
+            out.append(_target(text, value, CPU_VS_VLLM, at_least=False))
+        text = f"{label} load p95 under store flood <= {P95_FLOOD_RATIO:.0f}x idle p95"
+        out.append(_target(text, ours["latency"].get("p95_ratio"), P95_FLOOD_RATIO, False))
+        text = f"{label} scheduler loop keeps >= {LOOP_RATIO:.0%} of its idle rate"
+        out.append(_target(text, ours["interference"].get("ratio"), LOOP_RATIO, True))
     return out
