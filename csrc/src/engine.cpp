@@ -19,6 +19,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <kvtier/error.hpp>
@@ -35,6 +36,52 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+struct Job;
+
+// A load block waiting for pending stores of its path (read-after-write). Links live in the
+// job, allocated at submit, so parking never allocates on a worker.
+struct ParkedLoad {
+  Job* job = nullptr;
+  std::size_t index = 0;
+  ParkedLoad* next = nullptr;
+};
+
+// Intrusive FIFO of parked loads.
+struct ParkedList {
+  ParkedLoad* head = nullptr;
+  ParkedLoad* tail = nullptr;
+  std::size_t size = 0;
+
+  void push(ParkedLoad* p) noexcept {
+    p->next = nullptr;
+    (tail != nullptr ? tail->next : head) = p;
+    tail = p;
+    ++size;
+  }
+  ParkedLoad* pop() noexcept {
+    ParkedLoad* p = head;
+    if (p == nullptr) return nullptr;
+    head = p->next;
+    if (head == nullptr) tail = nullptr;
+    --size;
+    return p;
+  }
+  void append(ParkedList& other) noexcept {  // moves `other` to our end, keeping its order
+    if (other.head == nullptr) return;
+    (tail != nullptr ? tail->next : head) = other.head;
+    tail = other.tail;
+    size += other.size;
+    other = ParkedList{};
+  }
+};
+
+// Stores of one path that were submitted and have not finished, and the loads of that path
+// waiting for them.
+struct PendingPath {
+  std::size_t stores = 0;
+  ParkedList parked;
+};
+
 struct Job {
   detail::MpscNode node;  // first member: a node pointer is the job pointer
   JobId id = 0;
@@ -47,6 +94,14 @@ struct Job {
   std::atomic<std::uint64_t> bytes{0};
   Clock::time_point submitted;
   double seconds = 0.0;
+  // Scheduling state, guarded by Impl::mutex.
+  std::uint64_t seq = 0;        // submission order, for drain()
+  Job* older = nullptr;         // neighbours in Impl's list of incomplete jobs
+  Job* newer = nullptr;
+  std::size_t next_block = 0;   // the next block a worker takes while the job is queued
+  std::vector<ParkedLoad> parking;  // loads only: one link per block, allocated at submit
+  // Popped but not yet delivered (a conversion threw); guarded by Impl::consumer_mutex.
+  Job* undelivered_next = nullptr;
   // Recorded on the submitter's stream for stores of device memory; destroyed with the job.
   detail::cuda::Event ready = nullptr;
   const detail::cuda::Api* cuda = nullptr;
@@ -190,47 +245,134 @@ struct Engine::Impl {
   std::vector<int> numa_cpus;
   int numa_node = -1;
 
-  // Queues and scheduling state, guarded by mutex.
+  // Queues and scheduling state, guarded by mutex. A queue holds whole jobs (one entry per
+  // job, so queueing a job is a single push_back that either happens or throws); workers
+  // take a queued job's blocks in order through Job::next_block.
   std::mutex mutex;
   std::condition_variable work_available;
-  std::deque<Task> loads, stores;
+  std::deque<Job*> loads, stores;
+  std::size_t queued_loads = 0, queued_stores = 0;  // blocks not yet taken from the queues
+  ParkedList ready_loads;  // parked loads whose stores finished; run before `loads`
+  std::size_t parked_loads = 0;
+  // Read-after-write: every path with a store block submitted and not finished. A load of
+  // such a path parks until the count drops to zero.
+  std::unordered_map<std::string, PendingPath> pending_paths;
   std::size_t running_loads = 0, running_stores = 0;
   unsigned store_cap_while_loading = 0;     // max_stores_in_flight_while_loading, adjusted
   std::unordered_set<JobId> ids_in_flight;  // submitted and not yet popped
   bool stopping = false;
+  // drain(): jobs not yet completed, oldest first, and the seq of the latest submitted job.
+  Job* oldest = nullptr;
+  Job* newest = nullptr;
+  std::uint64_t last_seq = 0;
+  std::size_t drain_waiters = 0;
+  std::condition_variable drained;
 
   std::mutex shutdown_mutex;  // serialises shutdown() callers
   std::vector<std::thread> workers;
 
   detail::MpscQueue completions;
-  std::atomic<std::uint64_t> outstanding{0};  // submitted jobs not yet completed
+  // MpscQueue has one consumer: pop_completions() callers take turns on this mutex. It also
+  // guards `undelivered`, jobs popped by a call whose conversion threw (delivered next call).
+  std::mutex consumer_mutex;
+  Job* undelivered = nullptr;
+  std::atomic<std::uint64_t> outstanding{0};  // submitted jobs not yet completed (for stats)
   Counters counters;
 
   explicit Impl(EngineConfig cfg)
       : config(std::move(cfg)), staging(config.staging_buffer_bytes, config.staging_bytes_total) {}
 
+  std::size_t loads_waiting() const { return queued_loads + ready_loads.size; }
+
   // A store may start unless loads are waiting or running and the cap is reached; this keeps
-  // the device queue short so a load waits for at most the stores already issued.
+  // the device queue short so a load waits for at most the stores already issued. Parked
+  // loads do not count: they wait for stores, which must be free to run.
   bool store_allowed() const {
-    if (loads.empty() && running_loads == 0) return true;
+    if (loads_waiting() == 0 && running_loads == 0) return true;
     return running_stores < store_cap_while_loading;
   }
 
-  bool pick(bool load_first, Task& task, bool& is_load) {
-    auto take = [&](std::deque<Task>& queue, bool load) {
-      task = queue.front();
-      queue.pop_front();
-      is_load = load;
+  // Parks the loads at the front of the load queue whose path has a pending store, so that
+  // the front (if any) is a load that may run now. Called before every pick: afterwards
+  // store_allowed() no longer counts loads that are really waiting for stores.
+  void park_blocked_loads() noexcept {
+    if (pending_paths.empty()) return;
+    while (!loads.empty()) {
+      Job* job = loads.front();
+      const auto it = pending_paths.find(job->blocks[job->next_block].path);
+      if (it == pending_paths.end()) return;
+      ParkedLoad* link = &job->parking[job->next_block];
+      link->job = job;
+      link->index = job->next_block;
+      it->second.parked.push(link);
+      ++parked_loads;
+      take_front(loads, queued_loads);
+    }
+  }
+
+  // The next block of the job at the front of `queue`; drops the job once all are taken.
+  static Task take_front(std::deque<Job*>& queue, std::size_t& queued) noexcept {
+    Job* job = queue.front();
+    Task task{job, job->next_block++};
+    if (job->next_block == job->blocks.size()) queue.pop_front();
+    --queued;
+    return task;
+  }
+
+  bool take_load(Task& task) noexcept {
+    if (ParkedLoad* p = ready_loads.pop()) {  // older than anything in `loads`
+      task = {p->job, p->index};
       return true;
-    };
-    if (load_first) {
-      if (!loads.empty()) return take(loads, true);
-      if (!stores.empty() && store_allowed()) return take(stores, false);
-    } else {
-      if (!stores.empty() && store_allowed()) return take(stores, false);
-      if (!loads.empty()) return take(loads, true);
+    }
+    if (loads.empty()) return false;
+    task = take_front(loads, queued_loads);
+    return true;
+  }
+
+  bool take_store(Task& task) noexcept {
+    if (stores.empty() || !store_allowed()) return false;
+    task = take_front(stores, queued_stores);
+    return true;
+  }
+
+  bool pick(bool load_first, Task& task, bool& is_load) noexcept {
+    park_blocked_loads();
+    if (load_first ? take_load(task) : take_store(task)) {
+      is_load = load_first;
+      return true;
+    }
+    if (load_first ? take_store(task) : take_load(task)) {
+      is_load = !load_first;
+      return true;
     }
     return false;
+  }
+
+  // Registers the store blocks of `job` as pending for their paths. All or nothing: on an
+  // allocation failure the counts already added are taken back before rethrowing.
+  void add_pending_stores(const Job& job) {
+    std::size_t added = 0;
+    try {
+      for (const BlockOp& op : job.blocks) {
+        ++pending_paths[op.path].stores;
+        ++added;
+      }
+    } catch (...) {
+      for (std::size_t i = 0; i < added; ++i) release_pending_store(job.blocks[i].path);
+      throw;
+    }
+  }
+
+  // One store block of `path` finished (or was cancelled or rolled back). When it was the
+  // last pending one, the loads parked on the path become ready.
+  void release_pending_store(const std::string& path) noexcept {
+    const auto it = pending_paths.find(path);
+    if (it == pending_paths.end() || --it->second.stores > 0) return;
+    const std::size_t woken = it->second.parked.size;
+    ready_loads.append(it->second.parked);
+    parked_loads -= woken;
+    pending_paths.erase(it);
+    if (woken > 0) work_available.notify_all();
   }
 
   void worker_loop(bool load_first) {
@@ -262,17 +404,17 @@ struct Engine::Impl {
       lock.lock();
       (is_load ? running_loads : running_stores)--;
       // A finished load can lift the store cap; a finished store can let a capped store run.
-      if (is_load ? (loads.empty() && running_loads == 0) : !stores.empty())
+      if (is_load ? (loads_waiting() == 0 && running_loads == 0) : !stores.empty())
         work_available.notify_all();
-      lock.unlock();
       finish_block(task, std::move(result));
-      lock.lock();
     }
   }
 
+  // Records a block's outcome; the job's last block completes it. Called with `mutex` held.
   void finish_block(const Task& task, detail::BlockResult result) noexcept {
     Job* job = task.job;
     const bool load = job->direction == Direction::kLoad;
+    if (!load) release_pending_store(job->blocks[task.index].path);
     job->block_errnos[task.index] = result.error;
     if (result.o_direct_fallback)
       counters.o_direct_fallbacks.fetch_add(1, std::memory_order_relaxed);
@@ -298,6 +440,17 @@ struct Engine::Impl {
     if (job->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) complete(job);
   }
 
+  // Adds a submitted job to the list of incomplete jobs (newest last). `mutex` held.
+  void link_incomplete(Job* job) noexcept {
+    job->seq = ++last_seq;
+    job->older = newest;
+    (newest != nullptr ? newest->newer : oldest) = job;
+    newest = job;
+    outstanding.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // Publishes a finished job. Called with `mutex` held, so drain() sees the job leave the
+  // incomplete list only after its completion is poppable.
   void complete(Job* job) noexcept {
     job->seconds = std::chrono::duration<double>(Clock::now() - job->submitted).count();
     const bool load = job->direction == Direction::kLoad;
@@ -306,14 +459,19 @@ struct Engine::Impl {
     if (failed)
       (load ? counters.failed_load_jobs : counters.failed_store_jobs)
           .fetch_add(1, std::memory_order_relaxed);
+    (job->older != nullptr ? job->older->newer : oldest) = job->newer;
+    (job->newer != nullptr ? job->newer->older : newest) = job->older;
+    outstanding.fetch_sub(1, std::memory_order_relaxed);
+    const bool was_oldest = job->older == nullptr;
+    // The job belongs to the consumer from here on: touch nothing of it after the push.
     completions.push(&job->node);
     if (event_fd >= 0) {
       const std::uint64_t one = 1;
       // Non-blocking; EAGAIN only when the counter is saturated, which still reads as "ready".
       [[maybe_unused]] ssize_t n = ::write(event_fd, &one, sizeof(one));
     }
-    // Release: drain() returning implies the completion above is already poppable.
-    if (outstanding.fetch_sub(1, std::memory_order_release) == 1) outstanding.notify_all();
+    // Only the oldest job's completion can move drain()'s horizon.
+    if (was_oldest && drain_waiters > 0) drained.notify_all();
   }
 };
 
@@ -383,6 +541,10 @@ Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std
 
 Engine::~Engine() {
   shutdown();
+  while (Job* job = impl_->undelivered) {
+    impl_->undelivered = job->undelivered_next;
+    delete job;
+  }
   while (detail::MpscNode* node = impl_->completions.try_pop()) delete reinterpret_cast<Job*>(node);
   if (impl_->event_fd >= 0) ::close(impl_->event_fd);
 }
@@ -432,78 +594,142 @@ void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> bloc
     }
   }
   const std::size_t n = job->blocks.size();
+  // Everything a queued load may need later is allocated now: parking never allocates.
+  if (direction == Direction::kLoad) job->parking.resize(n);
   {
+    // All or nothing: each step that can throw (bad_alloc) is undone before the exception
+    // leaves, and the job becomes visible to workers and drain() only once nothing can fail.
     std::lock_guard lock(s.mutex);
     if (s.stopping) throw std::runtime_error("kvtier engine is shut down; submit refused");
     if (!s.ids_in_flight.insert(job_id).second)
       throw std::invalid_argument("job id " + std::to_string(job_id) +
                                   " is already in flight (ids are reusable once popped)");
-    s.outstanding.fetch_add(1, std::memory_order_relaxed);
+    bool stores_added = false;
+    try {
+      if (direction == Direction::kStore && n > 0) {
+        s.add_pending_stores(*job);
+        stores_added = true;
+      }
+      if (n > 0) (direction == Direction::kLoad ? s.loads : s.stores).push_back(job.get());
+    } catch (...) {
+      if (stores_added)
+        for (const BlockOp& op : job->blocks) s.release_pending_store(op.path);
+      s.ids_in_flight.erase(job_id);
+      throw;
+    }
+    Job* raw = job.release();
+    s.link_incomplete(raw);
     if (n == 0) {
-      s.complete(job.release());
+      s.complete(raw);
       return;
     }
-    auto& queue = direction == Direction::kLoad ? s.loads : s.stores;
-    Job* raw = job.release();
-    for (std::size_t i = 0; i < n; ++i) queue.push_back({raw, i});
+    (direction == Direction::kLoad ? s.queued_loads : s.queued_stores) += n;
   }
   s.work_available.notify_all();
 }
 
+namespace {
+
+Completion completion_of(const Job& job) {
+  Completion c;
+  c.job_id = job.id;
+  c.direction = job.direction;
+  c.success = !job.error_claimed.load(std::memory_order_relaxed);
+  c.block_errnos = job.block_errnos;
+  c.error = job.error;
+  c.bytes = job.bytes.load(std::memory_order_relaxed);
+  c.seconds = job.seconds;
+  return c;
+}
+
+}  // namespace
+
 std::vector<Completion> Engine::pop_completions(std::size_t max) {
   Impl& s = *impl_;
-  std::vector<Completion> out;
-  std::vector<JobId> ids;
-  while (max == 0 || out.size() < max) {
-    detail::MpscNode* node = s.completions.try_pop();
-    if (node == nullptr) break;
-    std::unique_ptr<Job> job(reinterpret_cast<Job*>(node));
-    Completion c;
-    c.job_id = job->id;
-    c.direction = job->direction;
-    c.success = !job->error_claimed.load(std::memory_order_relaxed);
-    c.block_errnos = std::move(job->block_errnos);
-    c.error = std::move(job->error);
-    c.bytes = job->bytes.load(std::memory_order_relaxed);
-    c.seconds = job->seconds;
-    ids.push_back(c.job_id);
-    out.push_back(std::move(c));
+  // MpscQueue::try_pop is single-consumer; callers from several threads take turns here.
+  std::lock_guard consumer(s.consumer_mutex);
+  // Unlink the jobs first (no allocation), then copy them into the result; only when that
+  // succeeded are they freed. If a copy throws, the jobs go back in front of the queue for
+  // the next call, so no completion is ever lost.
+  Job* head = nullptr;
+  Job** link = &head;
+  std::size_t count = 0;
+  while (max == 0 || count < max) {
+    Job* job = s.undelivered;
+    if (job != nullptr) {
+      s.undelivered = job->undelivered_next;
+    } else {
+      detail::MpscNode* node = s.completions.try_pop();
+      if (node == nullptr) break;
+      job = reinterpret_cast<Job*>(node);
+    }
+    job->undelivered_next = nullptr;
+    *link = job;
+    link = &job->undelivered_next;
+    ++count;
   }
-  if (!ids.empty()) {
+  std::vector<Completion> out;
+  try {
+    out.reserve(count);
+    for (Job* job = head; job != nullptr; job = job->undelivered_next)
+      out.push_back(completion_of(*job));
+  } catch (...) {
+    *link = s.undelivered;
+    s.undelivered = head;
+    throw;
+  }
+  {
     std::lock_guard lock(s.mutex);
-    for (JobId id : ids) s.ids_in_flight.erase(id);
+    for (Job* job = head; job != nullptr; job = job->undelivered_next)
+      s.ids_in_flight.erase(job->id);
+  }
+  while (Job* job = head) {
+    head = job->undelivered_next;
+    delete job;
   }
   return out;
 }
 
 void Engine::drain() {
-  auto& outstanding = impl_->outstanding;
-  for (std::uint64_t n = outstanding.load(std::memory_order_acquire); n != 0;
-       n = outstanding.load(std::memory_order_acquire))
-    outstanding.wait(n, std::memory_order_acquire);
+  Impl& s = *impl_;
+  std::unique_lock lock(s.mutex);
+  // Jobs submitted later (by other threads) get a larger seq and are not waited for, so a
+  // steady stream of new work cannot hold drain() forever.
+  const std::uint64_t horizon = s.last_seq;
+  ++s.drain_waiters;
+  s.drained.wait(lock, [&] { return s.oldest == nullptr || s.oldest->seq > horizon; });
+  --s.drain_waiters;
 }
 
 void Engine::shutdown() {
   Impl& s = *impl_;
   std::lock_guard serial(s.shutdown_mutex);
-  std::deque<Task> cancelled;
   {
     std::lock_guard lock(s.mutex);
     s.stopping = true;
-    for (auto* queue : {&s.loads, &s.stores}) {
-      cancelled.insert(cancelled.end(), queue->begin(), queue->end());
-      queue->clear();
+    // Every block not started fails: queued loads (ready, parked, in the queue) and stores.
+    // The parked loads are moved out first, so cancelling a store (which releases its path)
+    // and stores still running wake nobody. Nothing here allocates.
+    auto cancel = [&s](const Task& task) noexcept {
+      detail::BlockResult r;
+      r.error = ECANCELED;
+      r.operation = "cancel";
+      r.path = task.job->blocks[task.index].path;
+      r.message = "engine shut down before the block operation started";
+      s.finish_block(task, std::move(r));
+    };
+    for (auto& [path, pending] : s.pending_paths) {
+      s.parked_loads -= pending.parked.size;
+      s.ready_loads.append(pending.parked);
     }
+    Task task{};
+    while (!s.loads.empty() || s.ready_loads.size > 0) {
+      s.take_load(task);
+      cancel(task);
+    }
+    while (!s.stores.empty()) cancel(Impl::take_front(s.stores, s.queued_stores));
   }
   s.work_available.notify_all();
-  for (const Task& task : cancelled) {
-    detail::BlockResult r;
-    r.error = ECANCELED;
-    r.operation = "cancel";
-    r.path = task.job->blocks[task.index].path;
-    r.message = "engine shut down before the block operation started";
-    s.finish_block(task, std::move(r));
-  }
   for (std::thread& t : s.workers)
     if (t.joinable()) t.join();
   s.workers.clear();
@@ -554,8 +780,8 @@ EngineStats Engine::stats() const {
   st.o_direct_fallbacks = get(c.o_direct_fallbacks);
   st.jobs_in_flight = get(s.outstanding);
   std::lock_guard lock(s.mutex);
-  st.queued_loads = s.loads.size();
-  st.queued_stores = s.stores.size();
+  st.queued_loads = s.loads_waiting() + s.parked_loads;
+  st.queued_stores = s.queued_stores;
   st.running_loads = s.running_loads;
   st.running_stores = s.running_stores;
   return st;

@@ -28,8 +28,13 @@ struct EngineStats {
 
 /// A pool of worker threads that stores and loads KV blocks as files.
 ///
-/// Thread safety: submit(), drain(), shutdown() and stats() may be called from any thread;
-/// pop_completions() from one thread at a time.
+/// Thread safety: every member may be called from any number of threads at once
+/// (pop_completions() callers take turns; each job is reported to exactly one of them).
+///
+/// Read-after-write: a load block whose path has a store block submitted earlier to this
+/// engine and not yet finished waits (parked, without occupying a worker) until no store of
+/// that path is pending, then reads the file those stores left (or misses, when they failed).
+/// Paths are compared as strings.
 class Engine {
  public:
   /// Starts the workers and, for ODirectMode::kAuto / kOn, probes config.root_dir.
@@ -47,15 +52,20 @@ class Engine {
   /// device memory: they copy only after the work queued on that stream so far has finished.
   /// Throws std::invalid_argument for a job id already in flight or a bad block (null data,
   /// empty path, oversized key, device memory without use_cuda), std::runtime_error after
-  /// shutdown() or when CUDA fails to record the stream's event. A job that throws is never
-  /// reported.
+  /// shutdown() or when CUDA fails to record the stream's event, std::bad_alloc when memory
+  /// runs out. All or nothing: a submit that throws queued nothing, is never reported, and
+  /// leaves the job id free.
   void submit(JobId job_id, Direction direction, std::vector<BlockOp> blocks,
               void* cuda_stream = nullptr);
 
-  /// Moves up to `max` finished jobs (0 = all available) into the result. Never blocks.
+  /// Moves up to `max` finished jobs (0 = all available) into the result. Never waits for a
+  /// job (only, briefly, for a concurrent caller). Throws std::bad_alloc when the result
+  /// cannot be allocated; the jobs it would have held are then reported by a later call.
   std::vector<Completion> pop_completions(std::size_t max = 0);
 
-  /// Blocks until every job submitted so far has completed (not necessarily popped).
+  /// Blocks until every job submitted before the call (by any thread) has completed; its
+  /// completion is then poppable. Jobs submitted during the wait are not waited for, so
+  /// drain() returns even while other threads keep submitting.
   void drain();
 
   /// Stops the workers: running block operations finish, every block not yet started fails
