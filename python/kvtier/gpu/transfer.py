@@ -128,7 +128,8 @@ class GPUStorageTransfer:
             raise
 
     def get_finished(self) -> list[JobResult]:
-        """Every submitted job exactly once, as it finishes; never blocks."""
+        """Every submitted job exactly once, as it finishes; never blocks. Safe from several
+        threads at once: each job reaches exactly one caller."""
         results = []
         for c in self._engine.pop_completions():
             with self._lock:
@@ -151,7 +152,8 @@ class GPUStorageTransfer:
         return results
 
     def drain(self) -> None:
-        """Block until every submitted job has finished (results stay for get_finished)."""
+        """Block until every job submitted before the call has finished (results stay for
+        get_finished); jobs submitted meanwhile by other threads are not waited for."""
         self._engine.drain()
 
     def shutdown(self) -> None:

@@ -81,8 +81,9 @@ class JobResult:
 class SecondaryTierManager(ABC):
     """A secondary tier behind the engine's CPU primary tier.
 
-    Every method returns quickly and may be called from any thread; ``get_finished`` has one
-    consumer at a time. Production tiers copy no data on the calling thread.
+    Every method returns quickly and may be called from any thread, ``get_finished`` from
+    several at once (each job reaches exactly one caller). Production tiers copy no data on
+    the calling thread.
 
     Subclasses accept their own options as keyword arguments after ``tier_type``; the factory
     passes the keys of the tier's configuration dict (minus ``type``) as those keywords.
@@ -153,7 +154,8 @@ class SecondaryTierManager(ABC):
         return
 
     def drain_jobs(self) -> None:
-        """Block until every submitted job's result is ready; optional for synchronous tiers."""
+        """Block until the result of every job submitted before the call is ready (jobs
+        submitted meanwhile are not waited for); optional for synchronous tiers."""
         return
 
     def shutdown(self) -> None:

@@ -90,7 +90,7 @@ class FileSystemTierManager(SecondaryTierManager):
         self._finalizer = weakref.finalize(self, self._lookups.close)
 
         # _lock guards the job table, the ready list and the counters; _consumer_lock keeps
-        # pop_completions() single-consumer even if get_finished is misused concurrently.
+        # the ready list in completion order when get_finished runs on several threads.
         self._lock = threading.Lock()
         self._consumer_lock = threading.Lock()
         self._jobs: dict[JobId, _Job] = {}
