@@ -94,12 +94,14 @@ struct Job {
   std::atomic<std::uint64_t> bytes{0};
   Clock::time_point submitted;
   double seconds = 0.0;
-  // Scheduling state, guarded by Impl::mutex.
-  std::uint64_t seq = 0;        // submission order, for drain()
-  Job* older = nullptr;         // neighbours in Impl's list of incomplete jobs
+  // Scheduling state, guarded by Impl::mutex: the submission order (for drain()), the
+  // neighbours in Impl's list of incomplete jobs, the next block a worker takes while the
+  // job is queued, and (loads only) one parking link per block, allocated at submit.
+  std::uint64_t seq = 0;
+  Job* older = nullptr;
   Job* newer = nullptr;
-  std::size_t next_block = 0;   // the next block a worker takes while the job is queued
-  std::vector<ParkedLoad> parking;  // loads only: one link per block, allocated at submit
+  std::size_t next_block = 0;
+  std::vector<ParkedLoad> parking;
   // Popped but not yet delivered (a conversion threw); guarded by Impl::consumer_mutex.
   Job* undelivered_next = nullptr;
   // Recorded on the submitter's stream for stores of device memory; destroyed with the job.
@@ -251,9 +253,11 @@ struct Engine::Impl {
   std::mutex mutex;
   std::condition_variable work_available;
   std::deque<Job*> loads, stores;
-  std::size_t queued_loads = 0, queued_stores = 0;  // blocks not yet taken from the queues
-  ParkedList ready_loads;  // parked loads whose stores finished; run before `loads`
+  // Blocks not yet taken from the queues; loads parked (on a path) and ready again (their
+  // stores finished: they run before anything in `loads`).
+  std::size_t queued_loads = 0, queued_stores = 0;
   std::size_t parked_loads = 0;
+  ParkedList ready_loads;
   // Read-after-write: every path with a store block submitted and not finished. A load of
   // such a path parks until the count drops to zero.
   std::unordered_map<std::string, PendingPath> pending_paths;
