@@ -100,11 +100,12 @@ def tmp_writer_alive(path: str, host: str | None = None) -> bool:
     """Whether the process writing the tmp file at ``path`` may still rename it.
 
     Writers hold an OFD lock on their tmp file from creation to rename, which any process
-    can test, also from another PID namespace (another container with the same host name).
-    Files of other hosts count as alive: locks on shared file systems are not always
-    coherent across nodes. Where locks say nothing (no lock support, unreadable file), a
-    file of this host falls back to whether its pid runs here. A missing file is not alive.
-    ``host`` defaults to :func:`host_label`.
+    can test, also from another PID namespace (another container with the same host name),
+    where the pid in the name means nothing. A file counts as dead only when nobody holds
+    its lock *and* no process with its pid runs here (the pid test keeps files of writers
+    that take no lock, such as older versions). Files of other hosts count as alive: locks
+    on shared file systems are not always coherent across nodes. A missing file is not
+    alive. ``host`` defaults to :func:`host_label`.
     """
     parsed = parse_tmp_file_name(os.path.basename(path))
     if parsed is None:
@@ -112,9 +113,9 @@ def tmp_writer_alive(path: str, host: str | None = None) -> bool:
     if parsed.host != (host if host is not None else host_label()):
         return True
     state = _core.tmp_file_writer(path)
-    if state == "unknown":
-        return pid_alive(parsed.pid)
-    return bool(state == "alive")
+    if state == "missing":
+        return False
+    return state == "alive" or pid_alive(parsed.pid)
 
 
 def layout_fields(spec: OffloadingSpec, block_bytes: int) -> dict[str, Any]:
