@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,35 +24,6 @@ from kvtier import _core as core
 FAULTS = Path(__file__).resolve().parent / "faults"
 CHILD_TIMEOUT_S = 120
 ROW = 3 * 4096 + 777  # not a multiple of the page size
-
-
-@pytest.fixture(scope="module")
-def interposer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler (cc/gcc/clang) to build the LD_PRELOAD fault injector")
-    out = tmp_path_factory.mktemp("faultinject") / "faultinject.so"
-    build = subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-            str(out),
-            str(FAULTS / "faultinject.c"),
-            "-ldl",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-    )
-    assert build.returncode == 0, build.stderr
-    return out
 
 
 class Child:
