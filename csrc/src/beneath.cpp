@@ -42,7 +42,14 @@ int openat_directory(int dir, const char* name, int& fd) noexcept {
   for (;;) {
     fd = ::openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0) return 0;
-    if (errno != EINTR) return errno;
+    const int error = errno;
+    if (error == EINTR) continue;
+    // O_DIRECTORY reports a link as ENOTDIR; say ELOOP, as openat2 does.
+    struct stat st;
+    if (error == ENOTDIR && ::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISLNK(st.st_mode))
+      return ELOOP;
+    return error;
   }
 }
 
