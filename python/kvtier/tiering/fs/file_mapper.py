@@ -63,6 +63,8 @@ def tmp_file_name(final_name: str) -> str:
 
 
 class TmpFileName(NamedTuple):
+    """The parts of ``<final>.<host>.<pid>.<n>.tmp``."""
+
     final: str
     host: str
     pid: int
