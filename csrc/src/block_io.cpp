@@ -189,7 +189,8 @@ bool locate(const IoContext& ctx, const std::string& path, bool create, Location
             BlockResult& result) {
   std::string directory;
   if (ctx.root->split(path, directory, out.name) != 0) {
-    result = failure(EPERM, "resolve", path, "block path is not below root_dir " + ctx.root->path());
+    result =
+        failure(EPERM, "resolve", path, "block path is not below root_dir " + ctx.root->path());
     return false;
   }
   if (PathError e = ctx.root->open_directory(directory, create, ctx.directory_mode, out.dir)) {

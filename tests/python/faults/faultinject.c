@@ -167,7 +167,8 @@ int openat64(int dirfd, const char* path, int flags, ...) {
 static int io_fault(const char* call, int fd, long* limit) {
   char path[4096];
   *limit = 0;
-  if (fault_is("slow_pwrite") && strcmp(call, "pwrite") == 0 && fd_matches(fd, path, sizeof(path))) {
+  if (fault_is("slow_pwrite") && strcmp(call, "pwrite") == 0 &&
+      fd_matches(fd, path, sizeof(path))) {
     long ms = atol(env_or("KVTIER_FAULT_DELAY_MS", "100"));
     struct timespec delay = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&delay, &delay) != 0 && errno == EINTR) {
@@ -290,7 +291,8 @@ int rename(const char* from, const char* to) {
 
 int renameat(int fromfd, const char* from, int tofd, const char* to) {
   char a[8192], b[8192];
-  if (rename_fault("renameat", at_path(fromfd, from, a, sizeof(a)), at_path(tofd, to, b, sizeof(b))))
+  if (rename_fault("renameat", at_path(fromfd, from, a, sizeof(a)),
+                   at_path(tofd, to, b, sizeof(b))))
     return -1;
   return REAL(renameat)(fromfd, from, tofd, to);
 }
@@ -311,13 +313,16 @@ static int mkdir_fault(const char* path) {
   return 0;
 }
 
-int mkdir(const char* path, mode_t mode) { return mkdir_fault(path) ? -1 : REAL(mkdir)(path, mode); }
+int mkdir(const char* path, mode_t mode) {
+  return mkdir_fault(path) ? -1 : REAL(mkdir)(path, mode);
+}
 
 typedef int (*real_mkdirat_t)(int, const char*, mode_t);
 
 int mkdirat(int dirfd, const char* path, mode_t mode) {
   char full[8192];
-  return mkdir_fault(at_path(dirfd, path, full, sizeof(full))) ? -1 : REAL(mkdirat)(dirfd, path, mode);
+  if (mkdir_fault(at_path(dirfd, path, full, sizeof(full)))) return -1;
+  return REAL(mkdirat)(dirfd, path, mode);
 }
 
 /* ---- syscall(SYS_openat2, ...): no C library wraps it everywhere, so callers use syscall() */
