@@ -3,9 +3,10 @@
 A small LD_PRELOAD interposer (faults/faultinject.c, built here with the C compiler) fails or
 shortens chosen calls on paths that contain a substring; a child Python process
 (faults/child.py) drives the engine under it and prints what happened as JSON. The native
-library imports open, pwritev, preadv, rename, renameat2, fdatasync, fsync and mkdir from libc
-(see `nm -D libkvtier_core.so`); the interposer also covers their 64-bit and *at variants in
-case a build switches to them.
+library imports openat, pwritev, preadv, renameat2, renameat, fdatasync, fsync, mkdir, mkdirat
+and syscall (for openat2) from libc (see `nm -D libkvtier_core.so`); the interposer also covers
+their 64-bit and path-based variants, and matches *at calls on the directory's path joined
+with the name.
 """
 
 from __future__ import annotations
