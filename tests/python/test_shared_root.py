@@ -466,3 +466,17 @@ def test_ramfs_root_works_buffered_with_one_warning_and_nothing_left(
     assert sum("O_DIRECT" in r.getMessage() for r in caplog.records) == 1
     leftovers = [p for p in ramfs.rglob("*") if p.name.endswith(".tmp") or "probe" in p.name]
     assert leftovers == []
+
+
+def test_tmp_file_names_round_trip_through_the_shared_pattern() -> None:
+    from kvtier.tiering.fs.file_mapper import host_label, parse_tmp_file_name, tmp_file_name
+
+    first, second = tmp_file_name("abc.kvb"), tmp_file_name("abc.kvb")
+    parsed = parse_tmp_file_name(first)
+    assert parsed is not None and parsed[:3] == ("abc.kvb", host_label(), os.getpid())
+    assert parse_tmp_file_name(second).n != parsed.n
+    assert parse_tmp_file_name("abc.kvb") is None
+    assert parse_tmp_file_name(f"{CONFIG}.{host_label()}.12.3.tmp") == (CONFIG, host_label(), 12, 3)
+
+
+CONFIG = "config.json"
