@@ -31,7 +31,13 @@ import pytest
 from kvtier import _core
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.factory import SecondaryTierFactory
-from kvtier.tiering.fs.file_mapper import FileMapper, pid_alive
+from kvtier.tiering.fs.file_mapper import (
+    FileMapper,
+    host_label,
+    parse_tmp_file_name,
+    pid_alive,
+    tmp_file_name,
+)
 from kvtier.tiering.spec import OffloadingSpec
 
 SPEC = OffloadingSpec(model_name="org/model-7b", dtype="float16", kv_layout="NHD")
@@ -469,14 +475,10 @@ def test_ramfs_root_works_buffered_with_one_warning_and_nothing_left(
 
 
 def test_tmp_file_names_round_trip_through_the_shared_pattern() -> None:
-    from kvtier.tiering.fs.file_mapper import host_label, parse_tmp_file_name, tmp_file_name
-
     first, second = tmp_file_name("abc.kvb"), tmp_file_name("abc.kvb")
     parsed = parse_tmp_file_name(first)
     assert parsed is not None and parsed[:3] == ("abc.kvb", host_label(), os.getpid())
     assert parse_tmp_file_name(second).n != parsed.n
     assert parse_tmp_file_name("abc.kvb") is None
-    assert parse_tmp_file_name(f"{CONFIG}.{host_label()}.12.3.tmp") == (CONFIG, host_label(), 12, 3)
-
-
-CONFIG = "config.json"
+    name = f"config.json.{host_label()}.12.3.tmp"
+    assert parse_tmp_file_name(name) == ("config.json", host_label(), 12, 3)
