@@ -266,15 +266,13 @@ PYBIND11_MODULE(_core, m) {
         "Empty string when O_DIRECT works in dir, else the reason it does not.");
   m.def(
       "paths_exist",
-      [](const std::vector<std::string>& paths) {
-        std::vector<bool> exist(paths.size());
-        py::gil_scoped_release release;  // one stat per path: may be slow on a shared FS
-        struct stat st;
-        for (std::size_t i = 0; i < paths.size(); ++i)
-          exist[i] = ::stat(paths[i].c_str(), &st) == 0;
-        return exist;
+      [](const std::vector<std::string>& paths, const std::string& root_dir) {
+        py::gil_scoped_release release;  // a few system calls per path: slow on a shared FS
+        return kvtier::regular_files_exist(root_dir, paths);
       },
-      "paths"_a, "Whether each path exists (stat), with the GIL released.");
+      "paths"_a, "root_dir"_a = "",
+      "Whether each path is a regular file reached from root_dir without following links "
+      "below it (only the last component is checked without root_dir); GIL released.");
   m.def(
       "buffer_address",
       [](const py::buffer& buffer, bool writable) {
@@ -289,4 +287,35 @@ PYBIND11_MODULE(_core, m) {
   m.attr("FORMAT_VERSION") = kvtier::kFormatVersion;
   m.attr("FINGERPRINT_SIZE") = kvtier::kFingerprintSize;
   m.attr("MAX_KEY_SIZE") = kvtier::kMaxKeySize;
+
+  // ---- file naming and modes shared with the Python side (kvtier/files.hpp) ---------------
+  m.def(
+      "directory_mode", [](unsigned file_mode) { return kvtier::directory_mode(file_mode); },
+      "file_mode"_a, "Mode of the directories the tier creates for files of file_mode.");
+  m.attr("TMP_FILE_PATTERN") = std::string(kvtier::kTmpFilePattern);
+  m.def("host_label", &kvtier::host_label, "The host part of tmp file names.");
+  m.def("tmp_file_name", &kvtier::tmp_file_name, "final_name"_a,
+        "A fresh tmp file name for final_name (same directory), unique on this host.");
+  m.def(
+      "lock_tmp_file",
+      [](int fd) {
+        const int e = kvtier::lock_tmp_file(fd);
+        if (e == EAGAIN) throw kvtier::SystemError(e, "tmp file is locked by another process", "");
+        return e == 0;
+      },
+      "fd"_a,
+      "Mark a fresh tmp file as written by a live process (OFD lock held while fd is open). "
+      "False when the file system has no such locks.");
+  m.def(
+      "tmp_file_writer",
+      [](const std::string& path) {
+        switch (kvtier::tmp_file_writer(path)) {
+          case kvtier::TmpWriter::kAlive: return "alive";
+          case kvtier::TmpWriter::kGone: return "gone";
+          case kvtier::TmpWriter::kMissing: return "missing";
+          default: return "unknown";
+        }
+      },
+      "path"_a, py::call_guard<py::gil_scoped_release>(),
+      "'alive', 'gone', 'missing' or 'unknown': whether a tmp file's writer holds its lock.");
 }

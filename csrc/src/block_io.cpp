@@ -10,8 +10,10 @@
 #include <exception>
 #include <vector>
 
+#include <kvtier/files.hpp>
 #include <kvtier/format.hpp>
 
+#include "beneath.hpp"
 #include "header.hpp"
 #include "posix_io.hpp"
 
@@ -172,32 +174,70 @@ class SegmentCopier {
 
 // ---- opening ------------------------------------------------------------------------------
 
-// Opens a block or tmp file. Falls back from O_DIRECT to buffered I/O when the file system
-// refuses it (EINVAL) and the mode allows, and creates missing parent directories for files
-// being created.
-FileDescriptor open_block_file(const IoContext& ctx, const std::string& path, int flags,
-                               bool& direct, BlockResult& result) {
-  bool made_parents = false;
+// Where a block lives: its directory, opened beneath the root without following links, and
+// its name there. Every later step works relative to `dir`, so nothing that happens to the
+// path afterwards can redirect the operation.
+struct Location {
+  FileDescriptor dir;
+  std::string dir_path;  // absolute, for messages
+  std::string name;
+
+  std::string path_of(const std::string& entry) const { return dir_path + "/" + entry; }
+};
+
+bool locate(const IoContext& ctx, const std::string& path, bool create, Location& out,
+            BlockResult& result) {
+  std::string directory;
+  if (ctx.root->split(path, directory, out.name) != 0) {
+    result =
+        failure(EPERM, "resolve", path, "block path is not below root_dir " + ctx.root->path());
+    return false;
+  }
+  if (PathError e = ctx.root->open_directory(directory, create, ctx.directory_mode, out.dir)) {
+    // A missing directory is a missing block; anything else names the entry in the way.
+    if (e.error == ENOENT) {
+      result = failure(ENOENT, "open", path);
+    } else {
+      result = failure(e.error, e.operation, e.path,
+                       e.error == ELOOP || e.error == EXDEV || e.error == ENOTDIR
+                           ? "not a directory of the tier; links below root_dir are never followed"
+                           : "");
+    }
+    return false;
+  }
+  out.dir_path = ctx.root->absolute(directory);
+  return true;
+}
+
+BlockResult not_regular(const std::string& path, mode_t mode) {
+  return failure(not_regular_error(mode), "open", path,
+                 std::string("found ") + file_kind(mode) + " where a block file belongs");
+}
+
+// Opens `name` in `dir`, never through a link. Falls back from O_DIRECT to buffered I/O when
+// the file system refuses it (EINVAL) and the mode allows.
+FileDescriptor open_at(const IoContext& ctx, const Location& loc, const std::string& name,
+                       int flags, bool& direct, BlockResult& result) {
   for (;;) {
-    int fd = ::open(path.c_str(), flags | (direct ? O_DIRECT : 0), ctx.config->file_mode);
+    int fd = ::openat(loc.dir.get(), name.c_str(), flags | O_NOFOLLOW | (direct ? O_DIRECT : 0),
+                      ctx.config->file_mode);
     if (fd >= 0) return FileDescriptor(fd);
     const int error = errno;
     if (error == EINTR) continue;
+    // Some file systems (ramfs, FUSE clients) create the file and only then refuse O_DIRECT.
+    // The name is this writer's own (O_EXCL, unique), so what is there is what the failed
+    // call made: remove it, or the buffered retry would meet EEXIST (and a failure would
+    // leave it behind).
+    if (error == EINVAL && direct && (flags & O_CREAT)) ::unlinkat(loc.dir.get(), name.c_str(), 0);
     if (error == EINVAL && direct && ctx.config->o_direct == ODirectMode::kAuto) {
       direct = false;
       result.o_direct_fallback = true;
       continue;
     }
-    if (error == ENOENT && (flags & O_CREAT) && !made_parents) {
-      made_parents = true;
-      const int mk = make_directories(parent_directory(path), ctx.directory_mode);
-      if (mk != 0) {
-        result = failure(mk, "mkdir", parent_directory(path));
-        return {};
-      }
-      continue;
-    }
-    result = failure(error, "open", path);
+    result = failure(error, "open", loc.path_of(name),
+                     error == ELOOP ? "found a symbolic link where a block file belongs; links "
+                                      "below root_dir are never followed"
+                                    : "");
     return {};
   }
 }
@@ -268,45 +308,81 @@ StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, co
 
 // Renames without replacing an existing file, so the first writer of a key wins and later
 // ones become dedups. File systems without RENAME_NOREPLACE fall back to rename(), which
-// replaces a file holding the same bytes.
-int publish(const std::string& tmp, const std::string& final_path, bool& already_there) {
+// replaces a file holding the same bytes. Both names are in `dir`: no path is re-resolved.
+int publish(int dir, const std::string& tmp, const std::string& final_name, bool& already_there) {
   already_there = false;
 #ifdef RENAME_NOREPLACE
-  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_path.c_str(), RENAME_NOREPLACE) == 0)
-    return 0;
+  if (::renameat2(dir, tmp.c_str(), dir, final_name.c_str(), RENAME_NOREPLACE) == 0) return 0;
   if (errno == EEXIST) {
     already_there = true;
     return 0;
   }
   if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) return errno;
 #endif
-  return ::rename(tmp.c_str(), final_path.c_str()) == 0 ? 0 : errno;
+  return ::renameat(dir, tmp.c_str(), dir, final_name.c_str()) == 0 ? 0 : errno;
+}
+
+// Creates and locks this writer's tmp file. The lock tells a start-up sweep in any process
+// (any PID namespace) that the writer is alive; a sweep that looked in the instant between
+// create and lock may have removed the file, which the writer sees (the name no longer
+// leads to its file) and answers with a new name.
+FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string& tmp,
+                          bool& direct, BlockResult& result) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    tmp = tmp_file_name(loc.name);
+    FileDescriptor fd =
+        open_at(ctx, loc, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, direct, result);
+    if (!fd) return {};
+    const int locked = lock_tmp_file(fd.get());
+    if (locked == EAGAIN) {
+      // Someone else locked a file this writer just made: do not write into it.
+      fd.reset();
+      ::unlinkat(loc.dir.get(), tmp.c_str(), 0);
+      result = failure(EAGAIN, "lock", loc.path_of(tmp), "tmp file locked by another process");
+      return {};
+    }
+    // Without lock support (locked != 0) the sweep falls back to pid liveness.
+    struct stat mine, there;
+    if (locked != 0 ||
+        (::fstat(fd.get(), &mine) == 0 &&
+         ::fstatat(loc.dir.get(), tmp.c_str(), &there, AT_SYMLINK_NOFOLLOW) == 0 &&
+         mine.st_ino == there.st_ino && mine.st_dev == there.st_dev))
+      return fd;
+  }
+  result = failure(ENOENT, "lock", loc.path_of(tmp), "tmp file removed by another process");
+  return {};
 }
 
 BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                              cuda::Event ready) {
+  BlockResult result;
+  Location loc;
+  if (!locate(ctx, op.path, /*create=*/true, loc, result)) return result;
   struct stat st;
-  if (::stat(op.path.c_str(), &st) == 0) {
+  if (::fstatat(loc.dir.get(), loc.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    // Only a block file makes a store redundant: anything else in its place is a failure,
+    // never a success reported forever.
+    if (!S_ISREG(st.st_mode)) return not_regular(op.path, st.st_mode);
     BlockResult r;
     r.dedup = true;
     return r;
   }
   const EngineConfig& config = *ctx.config;
-  const std::string tmp = op.path + ctx.tmp_infix +
-                          std::to_string(ctx.tmp_counter->fetch_add(1, std::memory_order_relaxed)) +
-                          ".tmp";
-  BlockResult result;
+  std::string tmp;
   bool direct = ctx.direct;
-  FileDescriptor fd =
-      open_block_file(ctx, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, direct, result);
+  FileDescriptor fd = create_tmp(ctx, loc, tmp, direct, result);
   if (!fd) return result;
   const bool fell_back = result.o_direct_fallback;
+  // Holds the writer's lock (which lives as long as the open file description) from the
+  // close that reports write-back errors until the tmp name is gone.
+  FileDescriptor lock_holder;
 
   // From here on every failure removes the tmp file: nothing half-written is left behind.
   auto fail = [&](int error, const char* operation, std::string message = {}) {
     fd.reset();
-    ::unlink(tmp.c_str());
-    BlockResult r = failure(error, operation, tmp, std::move(message));
+    ::unlinkat(loc.dir.get(), tmp.c_str(), 0);
+    lock_holder.reset();
+    BlockResult r = failure(error, operation, loc.path_of(tmp), std::move(message));
     r.o_direct_fallback = fell_back;
     return r;
   };
@@ -324,16 +400,25 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const 
   if (written) return fail(written.error, written.operation, std::move(written.message));
   if (config.durability != Durability::kNone && ::fdatasync(fd.get()) != 0)
     return fail(errno, "fdatasync");
+  lock_holder = FileDescriptor(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+  if (!lock_holder) return fail(errno, "dup");
   if (int e = fd.close_checked()) return fail(e, "close");
   bool already_there = false;
-  if (int e = publish(tmp, op.path, already_there)) return fail(e, "rename");
-  if (already_there) ::unlink(tmp.c_str());
-  if (config.durability == Durability::kFull && !already_there) {
-    if (int e = fsync_parent_directory(op.path)) {
-      BlockResult r = failure(e, "fsync", parent_directory(op.path));
+  if (int e = publish(loc.dir.get(), tmp, loc.name, already_there)) return fail(e, "rename");
+  if (already_there) {
+    ::unlinkat(loc.dir.get(), tmp.c_str(), 0);
+    if (::fstatat(loc.dir.get(), loc.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        !S_ISREG(st.st_mode)) {
+      BlockResult r = not_regular(op.path, st.st_mode);
       r.o_direct_fallback = fell_back;
       return r;
     }
+  }
+  lock_holder.reset();
+  if (config.durability == Durability::kFull && !already_there && ::fsync(loc.dir.get()) != 0) {
+    BlockResult r = failure(errno, "fsync", loc.dir_path);
+    r.o_direct_fallback = fell_back;
+    return r;
   }
   BlockResult r;
   r.bytes = op.payload_length();
@@ -427,16 +512,24 @@ ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, c
 BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op) {
   const EngineConfig& config = *ctx.config;
   BlockResult result;
+  Location loc;
+  if (!locate(ctx, op.path, /*create=*/false, loc, result)) return result;
   bool direct = ctx.direct;
-  FileDescriptor fd = open_block_file(ctx, op.path, O_RDONLY | O_CLOEXEC, direct, result);
+  // O_NONBLOCK: opening a FIFO planted at a block path must fail the block, not hang the
+  // worker (and with it drain and shutdown); it changes nothing for regular files.
+  FileDescriptor fd = open_at(ctx, loc, loc.name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY,
+                              direct, result);
   if (!fd) return result;
   const bool fell_back = result.o_direct_fallback;
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return failure(errno, "fstat", op.path);
+  if (!S_ISREG(st.st_mode)) return not_regular(op.path, st.st_mode);
 
   // A bad file is removed so the next lookup is a clean miss instead of the same failure.
   auto corrupt = [&](std::string why) {
     fd.reset();
     BlockResult r = failure(EBADMSG, "verify", op.path, std::move(why));
-    r.corrupt_removed = ::unlink(op.path.c_str()) == 0;
+    r.corrupt_removed = ::unlinkat(loc.dir.get(), loc.name.c_str(), 0) == 0;
     r.o_direct_fallback = fell_back;
     return r;
   };

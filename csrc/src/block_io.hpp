@@ -2,13 +2,13 @@
 
 #include <sys/types.h>
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 
 #include <kvtier/config.hpp>
 #include <kvtier/job.hpp>
 
+#include "beneath.hpp"
 #include "cuda_runtime.hpp"
 #include "staging_pool.hpp"
 
@@ -32,10 +32,9 @@ struct BlockResult {
 struct IoContext {
   const EngineConfig* config = nullptr;
   bool direct = false;           ///< open block files with O_DIRECT
-  mode_t directory_mode = 0700;  ///< for directories created on the way to a block
-  std::string tmp_infix;         ///< ".<host>.<pid>." inserted before the unique number
+  const RootDir* root = nullptr;  ///< block paths must lie below it; resolved from it
+  mode_t directory_mode = 0700;   ///< for directories created on the way to a block
   StagingPool* staging = nullptr;
-  std::atomic<std::uint64_t>* tmp_counter = nullptr;
   const cuda::Api* cuda = nullptr;  ///< set when device segments are allowed
   int cuda_device = 0;
 };

@@ -23,9 +23,11 @@
 #include <unordered_set>
 
 #include <kvtier/error.hpp>
+#include <kvtier/files.hpp>
 #include <kvtier/format.hpp>
 
 #include "aligned_buffer.hpp"
+#include "beneath.hpp"
 #include "block_io.hpp"
 #include "cuda_runtime.hpp"
 #include "mpsc_queue.hpp"
@@ -130,15 +132,6 @@ struct Counters {
       corrupt_files_removed{0}, o_direct_fallbacks{0};
 };
 
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  // Tmp names are split on '.', so a dotted host name is reduced to its first label.
-  std::string host(name);
-  auto dot = host.find('.');
-  return dot == std::string::npos ? host : host.substr(0, dot);
-}
-
 // Rejects configurations the engine cannot honour, before anything is allocated.
 EngineConfig validated(EngineConfig config) {
   const EngineConfig& c = config;
@@ -213,31 +206,9 @@ std::string cuda_unavailable_reason() {
   return detail::cuda::unavailable_reason();
 }
 
-std::string probe_o_direct(const std::string& dir) {
-  static std::atomic<std::uint64_t> counter{0};
-  const std::string path = dir + "/.kvtier-odirect-probe." + std::to_string(::getpid()) + "." +
-                           std::to_string(counter.fetch_add(1));
-  detail::FileDescriptor fd(
-      ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600));
-  if (!fd) return std::string("open(O_DIRECT) failed: ") + std::strerror(errno);
-  detail::AlignedBuffer buffer(kAlignment);
-  std::memset(buffer.data(), 0x5A, kAlignment);
-  std::string reason;
-  std::size_t got = 0;
-  if (int e = detail::pwritev_full(fd.get(), {{buffer.data(), kAlignment}}, 0)) {
-    reason = std::string("O_DIRECT write failed: ") + std::strerror(e);
-  } else if (int e2 = detail::preadv_full(fd.get(), {{buffer.data(), kAlignment}}, 0, got)) {
-    reason = std::string("O_DIRECT read failed: ") + std::strerror(e2);
-  } else if (got != kAlignment) {
-    reason = "O_DIRECT read returned a short page";
-  }
-  fd.reset();
-  ::unlink(path.c_str());
-  return reason;
-}
-
 struct Engine::Impl {
   EngineConfig config;
+  detail::RootDir root;
   detail::IoContext io;
   detail::StagingPool staging;
   bool direct = false;
@@ -482,11 +453,11 @@ struct Engine::Impl {
 Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std::move(config)))) {
   Impl& s = *impl_;
   EngineConfig& c = s.config;
+  if (c.root_dir.empty())
+    throw std::invalid_argument("root_dir is required: every block path must lie below it");
+  const mode_t directory_mode = kvtier::directory_mode(c.file_mode);
+  s.root = detail::RootDir(c.root_dir, /*create=*/true, directory_mode);
   if (c.o_direct != ODirectMode::kOff) {
-    if (c.root_dir.empty())
-      throw std::invalid_argument("root_dir is required unless o_direct is false");
-    if (int e = detail::make_directories(c.root_dir, 0700))
-      throw SystemError(e, "cannot create root directory", c.root_dir);
     s.fallback_reason = probe_o_direct(c.root_dir);
     if (!s.fallback_reason.empty() && c.o_direct == ODirectMode::kOn)
       throw SystemError(EINVAL, "o_direct=true but " + s.fallback_reason, c.root_dir);
@@ -513,13 +484,9 @@ Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std
 
   s.io.config = &s.config;
   s.io.direct = s.direct;
-  // Directories get search permission wherever the files get read permission.
-  s.io.directory_mode = (c.file_mode | ((c.file_mode & 0444) >> 2)) & 0777;
-  s.io.tmp_infix = "." + host_name() + "." + std::to_string(::getpid()) + ".";
+  s.io.root = &s.root;
+  s.io.directory_mode = directory_mode;
   s.io.staging = &s.staging;
-  // Process-wide, so two engines writing the same key never pick the same tmp name.
-  static std::atomic<std::uint64_t> tmp_counter{0};
-  s.io.tmp_counter = &tmp_counter;
   // Without load-first workers, store-first workers must leave room for loads themselves:
   // one fewer store than there are workers, so a waiting load gets the next free worker.
   s.store_cap_while_loading =

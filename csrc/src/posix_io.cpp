@@ -78,26 +78,16 @@ int make_directories(const std::string& dir, mode_t mode) noexcept {
     prefix.assign(dir, 0, slash);
     pos = slash + 1;
     if (prefix.empty() || prefix == "." || prefix == "..") continue;
-    if (::mkdir(prefix.c_str(), mode) != 0 && errno != EEXIST) {
+    if (::mkdir(prefix.c_str(), mode) == 0) {
+      // mkdir applies the umask: the mode is made exact, as file_mode is for files.
+      if (::chmod(prefix.c_str(), mode) != 0) return errno;
+    } else if (errno != EEXIST) {
       return errno;
     }
   }
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) return errno;
   return S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
-}
-
-std::string parent_directory(const std::string& path) {
-  auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-int fsync_parent_directory(const std::string& path) noexcept {
-  FileDescriptor dir(::open(parent_directory(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!dir) return errno;
-  return ::fsync(dir.get()) == 0 ? 0 : errno;
 }
 
 }  // namespace kvtier::detail

@@ -54,13 +54,8 @@ int pwritev_full(int fd, std::vector<iovec> iov, off_t offset) noexcept;
 /// short reads. Sets `bytes_read`. Returns 0 (also at end of file) or an errno value.
 int preadv_full(int fd, std::vector<iovec> iov, off_t offset, std::size_t& bytes_read) noexcept;
 
-/// Creates every missing directory of `dir` with `mode`. Returns 0 or an errno value.
+/// Creates every missing directory of `dir` with exactly `mode` (whatever the umask).
+/// Returns 0 or an errno value.
 int make_directories(const std::string& dir, mode_t mode) noexcept;
-
-/// fsyncs the directory holding `path`. Returns 0 or an errno value.
-int fsync_parent_directory(const std::string& path) noexcept;
-
-/// The directory part of `path` ("." when there is none).
-std::string parent_directory(const std::string& path);
 
 }  // namespace kvtier::detail

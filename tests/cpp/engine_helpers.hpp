@@ -4,7 +4,11 @@
 // (mis)alignment, and a "gate" that holds a worker inside a block operation.
 
 #include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -106,44 +110,76 @@ inline off_t file_size(const std::string& path) {
   return st.st_size;
 }
 
-/// Holds one worker inside a load: the load opens a FIFO, and open(O_RDONLY) of a FIFO
-/// blocks until a writer appears. release() opens the write end (and keeps it open), which
-/// lets the load go on; it then fails, since a FIFO cannot be pread (ESPIPE). Deterministic,
-/// no sleeps. The write end stays open because an engine with O_DIRECT opens the FIFO twice:
-/// the first open (with O_DIRECT) returns EINVAL only after a writer appeared, and the
-/// buffered retry must not block again.
+/// How a gated load fails once released: the gate file holds no valid header.
+constexpr int kGateErrno = EBADMSG;
+
+/// Holds one worker inside a load, deterministically and without sleeps: the load reads a
+/// file into memory registered with userfaultfd, so the kernel parks the worker in the copy
+/// until release() supplies the pages. The load then fails verification (kGateErrno; the
+/// gate file is removed as corrupt, so a later load of it fails with ENOENT). Block paths
+/// that are FIFOs no longer block a load (they fail at once), hence userfaultfd; handling
+/// faults of kernel copies needs CAP_SYS_PTRACE (root) or vm.unprivileged_userfaultfd=1.
 ///
 /// Declare a Gate *after* the Engine it parks: if the test fails early, the Gate's destructor
 /// (which runs first) lets any parked worker go, so the Engine's destructor cannot hang.
 class Gate {
  public:
-  explicit Gate(std::string path) : path_(std::move(path)) {
-    if (::mkfifo(path_.c_str(), 0600) != 0)
-      throw std::runtime_error("mkfifo(" + path_ + ") failed: " + std::strerror(errno));
-  }
+  explicit Gate(std::string path) : path_(std::move(path)) {}
   ~Gate() {
     release();
-    ::unlink(path_.c_str());  // a load that comes later fails with ENOENT instead of blocking
-    ::close(writer_);
+    if (region_ != MAP_FAILED) ::munmap(region_, size_);
+    if (uffd_ >= 0) ::close(uffd_);
   }
   Gate(const Gate&) = delete;
   Gate& operator=(const Gate&) = delete;
 
   const std::string& path() const noexcept { return path_; }
-  kvtier::BlockOp op(void* scratch, std::size_t length) const {
-    return block(path_, "gate", scratch, length);
+  /// A load op whose destination is the gated memory (`scratch` is not used).
+  kvtier::BlockOp op(void* /*scratch*/, std::size_t length) {
+    arm(length);
+    return block(path_, "gate", region_, length);
   }
   /// Lets the parked load (and any later one) through. Idempotent.
   void release() {
-    // O_RDWR never blocks on a FIFO and counts as a writer.
-    if (writer_ < 0) writer_ = ::open(path_.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
-    if (writer_ < 0)
-      throw std::runtime_error("open(" + path_ + ") failed: " + std::strerror(errno));
+    if (uffd_ < 0 || released_) return;
+    released_ = true;
+    uffdio_zeropage zero{};
+    zero.range.start = reinterpret_cast<std::uintptr_t>(region_);
+    zero.range.len = size_;
+    ::ioctl(uffd_, UFFDIO_ZEROPAGE, &zero);  // fills the range and wakes the waiting copy
   }
 
  private:
+  void arm(std::size_t length) {
+    if (uffd_ >= 0) return;
+    size_ = (length + 4095) / 4096 * 4096;
+    // Header page plus payload, all zeros: the read reaches the gated memory.
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(4096 + size_)) != 0)
+      throw std::runtime_error("cannot create gate file " + path_ + ": " + std::strerror(errno));
+    ::close(fd);
+    region_ = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (region_ == MAP_FAILED) throw std::runtime_error("mmap failed");
+    uffd_ = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+    if (uffd_ < 0)
+      throw std::runtime_error(std::string("userfaultfd failed (needs root or "
+                                           "vm.unprivileged_userfaultfd=1): ") +
+                               std::strerror(errno));
+    uffdio_api api{};
+    api.api = UFFD_API;
+    uffdio_register reg{};
+    reg.range.start = reinterpret_cast<std::uintptr_t>(region_);
+    reg.range.len = size_;
+    reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+    if (::ioctl(uffd_, UFFDIO_API, &api) != 0 || ::ioctl(uffd_, UFFDIO_REGISTER, &reg) != 0)
+      throw std::runtime_error(std::string("userfaultfd setup failed: ") + std::strerror(errno));
+  }
+
   std::string path_;
-  int writer_ = -1;
+  int uffd_ = -1;
+  void* region_ = MAP_FAILED;
+  std::size_t size_ = 0;
+  bool released_ = false;
 };
 
 /// One line for a failure message: which job, errno, operation, path and detail.

@@ -1,5 +1,5 @@
 // Scheduling: loads before stores, the store cap while loads wait, FIFO within a queue, and
-// no starvation. Workers are parked deterministically on FIFO "gates" (see engine_helpers.hpp)
+// no starvation. Workers are parked deterministically on "gates" (see engine_helpers.hpp)
 // while the queues are filled, so each test starts from a known queue state; no sleeps and
 // no timing assertions. Where the outcome also depends on the OS scheduling the workers
 // (several workers, a shared 2-core machine), the operations go to the device (O_DIRECT,
@@ -91,13 +91,13 @@ bool is_load(const Completion& c) {
 }
 
 // Completions in the order they were published, without the gate jobs. Checks every job
-// succeeded (gates fail by construction: a FIFO cannot be pread).
+// succeeded (gates fail by construction).
 std::vector<Completion> ordered_work(std::vector<Completion> all) {
   std::vector<Completion> work;
   for (auto& c : all) {
     if (is_gate(c)) {
       CHECK_EQ(c.block_errnos.size(), std::size_t{1});
-      CHECK_EQ(c.block_errnos[0], ESPIPE);
+      CHECK_EQ(c.block_errnos[0], kvtest::kGateErrno);
       continue;
     }
     CHECK_MSG(c.success, "job " + std::to_string(c.job_id) + ": " + c.error.message + " " +

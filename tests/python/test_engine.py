@@ -331,7 +331,7 @@ def test_load_of_missing_file_reports_enoent_and_path(tmp_path: Path, engine_fac
 def test_store_errors_carry_errno_and_path(tmp_path: Path, engine_factory) -> None:
     root = tmp_path / "root"
     engine = engine_factory(root)
-    blocker = tmp_path / "a-file"
+    blocker = root / "a-file"
     blocker.write_bytes(b"x")
     rows = Rows("numpy", 1, 100)
     target = blocker / "sub" / "b.kvb"

@@ -3,9 +3,10 @@
 A small LD_PRELOAD interposer (faults/faultinject.c, built here with the C compiler) fails or
 shortens chosen calls on paths that contain a substring; a child Python process
 (faults/child.py) drives the engine under it and prints what happened as JSON. The native
-library imports open, pwritev, preadv, rename, renameat2, fdatasync, fsync and mkdir from libc
-(see `nm -D libkvtier_core.so`); the interposer also covers their 64-bit and *at variants in
-case a build switches to them.
+library imports openat, pwritev, preadv, renameat2, renameat, fdatasync, fsync, mkdir, mkdirat
+and syscall (for openat2) from libc (see `nm -D libkvtier_core.so`); the interposer also covers
+their 64-bit and path-based variants, and matches *at calls on the directory's path joined
+with the name.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,35 +25,6 @@ from kvtier import _core as core
 FAULTS = Path(__file__).resolve().parent / "faults"
 CHILD_TIMEOUT_S = 120
 ROW = 3 * 4096 + 777  # not a multiple of the page size
-
-
-@pytest.fixture(scope="module")
-def interposer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler (cc/gcc/clang) to build the LD_PRELOAD fault injector")
-    out = tmp_path_factory.mktemp("faultinject") / "faultinject.so"
-    build = subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-            str(out),
-            str(FAULTS / "faultinject.c"),
-            "-ldl",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-    )
-    assert build.returncode == 0, build.stderr
-    return out
 
 
 class Child:
@@ -156,6 +127,7 @@ def test_o_direct_refused_auto_falls_back_to_buffered(
     assert child.job(2)["success"], child.job(2)["error"]
     assert child.job(2)["data_ok"] == [True, True, True]
     assert tmp_files(root) == []
+    assert list(root.rglob(".kvtier-odirect-probe*")) == []  # the probe cleaned up too
 
 
 def test_o_direct_refused_true_fails_clearly(interposer: Path, tmp_path: Path) -> None:
@@ -396,7 +368,7 @@ def test_mkdir_failure_fails_the_store(interposer: Path, tmp_path: Path) -> None
     assert not store["success"]
     assert store["operation"] == "mkdir"
     assert store["errno"] == errno.EACCES
-    assert store["path"] == str(root / "blocks" / "ab")
+    assert store["path"] == str(root / "blocks")  # the first directory that could not be made
     assert not (root / "blocks").exists()
 
 
@@ -404,7 +376,7 @@ def test_mkdir_failure_fails_the_store(interposer: Path, tmp_path: Path) -> None
 def test_open_failure_fails_store_and_load(interposer: Path, tmp_path: Path, err: int) -> None:
     root = tmp_path / "root"
     spec = {"root": str(root), "jobs": store_then_load(root, ["a"])}
-    child = run_child(interposer, spec, "open", match="/blocks/", err=err)
+    child = run_child(interposer, spec, "open", match="/ab/a.kvb", err=err)
     for job_id in (1, 2):
         c = child.job(job_id)
         assert not c["success"]
@@ -446,3 +418,83 @@ def test_eio_on_pread_fails_the_load_and_keeps_the_file(
     stats = child.result["stats"]
     assert stats["corrupt_files_removed"] == 0
     assert stats["failed_load_jobs"] == 1 and stats["failed_load_blocks"] == 1
+
+
+# --------------------------------------------------------------------------------------------
+# resolution beneath the root: openat2 where the kernel has it, per-component O_NOFOLLOW
+# otherwise (forced here by failing openat2 with ENOSYS, as an old kernel or a seccomp
+# filter does)
+
+RESOLUTION = ["openat2", "fallback"]
+
+
+def run_resolution(interposer: Path, spec: dict[str, Any], resolution: str) -> Child:
+    # errno 0 only logs openat2 calls: proof that the kernel path was the one taken.
+    err = 0 if resolution == "openat2" else errno.ENOSYS
+    child = run_child(interposer, spec, "openat2", err=err)
+    assert any(line.startswith("kvtier-fault: openat2") for line in child.injected)
+    return child
+
+
+@pytest.mark.parametrize("resolution", RESOLUTION)
+def test_symlinked_directory_below_root_fails_the_block(
+    interposer: Path, tmp_path: Path, resolution: str
+) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "blocks").mkdir(parents=True)
+    outside.mkdir()
+    (root / "blocks" / "ab").symlink_to(outside, target_is_directory=True)
+    spec = {"root": str(root), "jobs": store_then_load(root, ["a"])}
+    child = run_resolution(interposer, spec, resolution)
+    for job_id in (1, 2):
+        c = child.job(job_id)
+        assert not c["success"]
+        assert c["errno"] == errno.ELOOP, c["error"]
+        assert c["path"] == str(root / "blocks" / "ab")
+        assert "never followed" in c["message"]
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("resolution", RESOLUTION)
+def test_symlinked_block_file_is_not_loaded(
+    interposer: Path, tmp_path: Path, resolution: str
+) -> None:
+    root = tmp_path / "root"
+    first = run_child(interposer, {"root": str(root), "jobs": store_then_load(root, ["a"])}, "")
+    assert first.job(2)["data_ok"] == [True]
+    planted = tmp_path / "planted.kvb"
+    Path(block(root, "a")).rename(planted)  # valid bytes for this key, outside the root
+    Path(block(root, "a")).symlink_to(planted)
+    spec = {"root": str(root), "jobs": store_then_load(root, ["a"])}
+    child = run_resolution(interposer, spec, resolution)
+    store, load = child.job(1), child.job(2)
+    assert not store["success"] and store["errno"] == errno.ELOOP  # never a dedup success
+    assert not load["success"] and load["errno"] == errno.ELOOP
+    assert load["data_ok"] == [False]
+    assert planted.exists()
+
+
+@pytest.mark.parametrize("resolution", RESOLUTION)
+def test_dot_dot_and_outside_paths_are_refused(
+    interposer: Path, tmp_path: Path, resolution: str
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    escape = f"{root}/../escaped.kvb"
+    spec = {
+        "root": str(root),
+        "jobs": [
+            {"id": 1, "kind": "store", "blocks": [[escape, 0]]},
+            {"id": 2, "kind": "store", "blocks": [[str(tmp_path / "outside.kvb"), 0]]},
+            {"id": 3, "kind": "store", "blocks": [[block(root, "a"), 0]]},
+        ],
+    }
+    child = run_child(
+        interposer, spec, "openat2", err=0 if resolution == "openat2" else errno.ENOSYS
+    )
+    for job_id in (1, 2):
+        c = child.job(job_id)
+        assert not c["success"] and c["errno"] == errno.EPERM
+        assert "not below root_dir" in c["message"]
+    assert child.job(3)["success"], child.job(3)["error"]
+    assert not (tmp_path / "escaped.kvb").exists() and not (tmp_path / "outside.kvb").exists()

@@ -26,7 +26,9 @@ enum class Durability {
 
 /// Everything an Engine needs; every field has a usable default.
 struct EngineConfig {
-  /// Directory probed for O_DIRECT support; block paths usually live below it.
+  /// Required. Every block path must lie below it (others fail with EPERM); it is created
+  /// if missing, probed for O_DIRECT, and block paths are resolved from it without following
+  /// any symbolic link below it.
   std::string root_dir;
   /// Workers that take loads first (and stores when no load waits).
   unsigned n_read_threads = 16;
@@ -35,7 +37,8 @@ struct EngineConfig {
   ODirectMode o_direct = ODirectMode::kAuto;
   Checksum checksum = Checksum::kCrc32c;
   Durability durability = Durability::kNone;
-  /// Permission bits of new block files (block files reveal prompts: private by default).
+  /// Permission bits of new block files (block files reveal prompts: private by default);
+  /// directories the engine creates get kvtier::directory_mode(file_mode).
   mode_t file_mode = 0600;
   /// Identifies the layout the bytes were written for; a load of a file written with a
   /// different fingerprint fails. At most kFingerprintSize bytes.

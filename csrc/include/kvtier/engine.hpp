@@ -37,9 +37,11 @@ struct EngineStats {
 /// Paths are compared as strings.
 class Engine {
  public:
-  /// Starts the workers and, for ODirectMode::kAuto / kOn, probes config.root_dir.
-  /// Throws std::invalid_argument for a bad configuration, SystemError when kOn is asked
-  /// for and the root does not support O_DIRECT (or cannot be probed).
+  /// Creates (with directory_mode(file_mode)) and opens config.root_dir, starts the workers
+  /// and, for ODirectMode::kAuto / kOn, probes the root. Block paths must lie below the root.
+  /// Throws std::invalid_argument for a bad configuration (an empty root_dir too),
+  /// SystemError when the root cannot be created or opened, or when kOn is asked for and the
+  /// root does not support O_DIRECT (or cannot be probed).
   explicit Engine(EngineConfig config);
   /// Shuts down (see shutdown()) and frees everything.
   ~Engine();

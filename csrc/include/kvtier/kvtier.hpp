@@ -5,5 +5,6 @@
 #include <kvtier/config.hpp>
 #include <kvtier/engine.hpp>
 #include <kvtier/error.hpp>
+#include <kvtier/files.hpp>
 #include <kvtier/format.hpp>
 #include <kvtier/job.hpp>

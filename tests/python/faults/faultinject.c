@@ -4,12 +4,17 @@
  *
  * Environment:
  *   KVTIER_FAULT        which call: open | open_direct | pwrite | pread | rename |
- *                       renameat2 | fdatasync | fsync | mkdir
+ *                       renameat2 | fdatasync | fsync | mkdir | openat2 | slow_pwrite
  *                       (pwrite covers pwrite/pwrite64/pwritev/pwritev64/pwritev2, pread the
- *                       read counterparts, rename covers rename/renameat/renameat2,
- *                       open_direct only opens with O_DIRECT)
+ *                       read counterparts, rename covers rename/renameat/renameat2, mkdir
+ *                       covers mkdir/mkdirat, open_direct only opens with O_DIRECT and, like
+ *                       ramfs or a FUSE client, creates the file before failing an O_CREAT
+ *                       open, openat2 fails the raw openat2 system call (made through
+ *                       syscall()), slow_pwrite sleeps KVTIER_FAULT_DELAY_MS before each
+ *                       matching write and then lets it through)
  *   KVTIER_FAULT_MATCH  substring of the path (for descriptor calls: the path the descriptor
- *                       refers to); empty or unset matches every path
+ *                       refers to; for *at calls: the directory's path joined with the
+ *                       name); empty or unset matches every path
  *   KVTIER_FAULT_ERRNO  errno to inject (default EIO); 0 only logs the matching calls
  *   KVTIER_FAULT_SHORT  instead of failing pwrite/pread, transfer at most this many bytes
  *                       per call (a short write/read the caller must continue)
@@ -29,7 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
+#include <time.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -55,6 +62,15 @@ static int fd_matches(int fd, char* path, size_t size) {
   if (n < 0) n = 0;
   path[n] = '\0';
   return path_matches(path);
+}
+
+/* The path an *at call names: relative names are joined to the directory descriptor's path. */
+static const char* at_path(int dirfd, const char* path, char* out, size_t size) {
+  if (!path || path[0] == '/' || dirfd == AT_FDCWD) return path;
+  char dir[4096];
+  fd_matches(dirfd, dir, sizeof(dir));
+  snprintf(out, size, "%s/%s", dir, path);
+  return out;
 }
 
 static int fault_errno(void) { return atoi(env_or("KVTIER_FAULT_ERRNO", "5")); }
@@ -85,11 +101,18 @@ static int claim(const char* call, const char* path) {
 typedef int (*real_open_t)(const char*, int, ...);
 typedef int (*real_openat_t)(int, const char*, int, ...);
 
-static int open_fault(const char* path, int flags) {
+/* Returns 1 when the open must fail (errno set). An O_DIRECT create is failed the way the
+ * kernel fails it on file systems without O_DIRECT: the file is created first. */
+static int open_fault(int dirfd, const char* path, int flags, mode_t mode) {
   int hit = (fault_is("open") || (fault_is("open_direct") && (flags & O_DIRECT))) &&
             path_matches(path);
   if (hit && claim(fault_is("open") ? "open" : "open_direct", path)) {
-    errno = fault_errno();
+    int err = fault_errno();
+    if (fault_is("open_direct") && (flags & O_CREAT)) {
+      int fd = ((real_openat_t)dlsym(RTLD_NEXT, "openat"))(dirfd, path, flags & ~O_DIRECT, mode);
+      if (fd >= 0) close(fd);
+    }
+    errno = err;
     return 1;
   }
   return 0;
@@ -104,7 +127,7 @@ int open(const char* path, int flags, ...) {
   va_start(ap, flags);
   mode_t mode = mode_arg(flags, ap);
   va_end(ap);
-  if (open_fault(path, flags)) return -1;
+  if (open_fault(AT_FDCWD, path, flags, mode)) return -1;
   return ((real_open_t)dlsym(RTLD_NEXT, "open"))(path, flags, mode);
 }
 
@@ -113,7 +136,7 @@ int open64(const char* path, int flags, ...) {
   va_start(ap, flags);
   mode_t mode = mode_arg(flags, ap);
   va_end(ap);
-  if (open_fault(path, flags)) return -1;
+  if (open_fault(AT_FDCWD, path, flags, mode)) return -1;
   return ((real_open_t)dlsym(RTLD_NEXT, "open64"))(path, flags, mode);
 }
 
@@ -122,7 +145,8 @@ int openat(int dirfd, const char* path, int flags, ...) {
   va_start(ap, flags);
   mode_t mode = mode_arg(flags, ap);
   va_end(ap);
-  if (open_fault(path, flags)) return -1;
+  char full[8192];
+  if (open_fault(dirfd, at_path(dirfd, path, full, sizeof(full)), flags, mode)) return -1;
   return ((real_openat_t)dlsym(RTLD_NEXT, "openat"))(dirfd, path, flags, mode);
 }
 
@@ -131,7 +155,8 @@ int openat64(int dirfd, const char* path, int flags, ...) {
   va_start(ap, flags);
   mode_t mode = mode_arg(flags, ap);
   va_end(ap);
-  if (open_fault(path, flags)) return -1;
+  char full[8192];
+  if (open_fault(dirfd, at_path(dirfd, path, full, sizeof(full)), flags, mode)) return -1;
   return ((real_openat_t)dlsym(RTLD_NEXT, "openat64"))(dirfd, path, flags, mode);
 }
 
@@ -142,6 +167,14 @@ int openat64(int dirfd, const char* path, int flags, ...) {
 static int io_fault(const char* call, int fd, long* limit) {
   char path[4096];
   *limit = 0;
+  if (fault_is("slow_pwrite") && strcmp(call, "pwrite") == 0 &&
+      fd_matches(fd, path, sizeof(path))) {
+    long ms = atol(env_or("KVTIER_FAULT_DELAY_MS", "100"));
+    struct timespec delay = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&delay, &delay) != 0 && errno == EINTR) {
+    }
+    return 0;
+  }
   if (!fault_is(call) || !fd_matches(fd, path, sizeof(path))) return 0;
   if (!claim(call, path)) return 0;
   long cap = short_limit();
@@ -257,18 +290,60 @@ int rename(const char* from, const char* to) {
 }
 
 int renameat(int fromfd, const char* from, int tofd, const char* to) {
-  return rename_fault("renameat", from, to) ? -1 : REAL(renameat)(fromfd, from, tofd, to);
+  char a[8192], b[8192];
+  if (rename_fault("renameat", at_path(fromfd, from, a, sizeof(a)),
+                   at_path(tofd, to, b, sizeof(b))))
+    return -1;
+  return REAL(renameat)(fromfd, from, tofd, to);
 }
 
 int renameat2(int fromfd, const char* from, int tofd, const char* to, unsigned int flags) {
-  if (rename_fault("renameat2", from, to)) return -1;
+  char a[8192], b[8192];
+  if (rename_fault("renameat2", at_path(fromfd, from, a, sizeof(a)),
+                   at_path(tofd, to, b, sizeof(b))))
+    return -1;
   return REAL(renameat2)(fromfd, from, tofd, to, flags);
 }
 
-int mkdir(const char* path, mode_t mode) {
+static int mkdir_fault(const char* path) {
   if (fault_is("mkdir") && path_matches(path) && claim("mkdir", path)) {
     errno = fault_errno();
-    return -1;
+    return 1;
   }
-  return REAL(mkdir)(path, mode);
+  return 0;
+}
+
+int mkdir(const char* path, mode_t mode) {
+  return mkdir_fault(path) ? -1 : REAL(mkdir)(path, mode);
+}
+
+typedef int (*real_mkdirat_t)(int, const char*, mode_t);
+
+int mkdirat(int dirfd, const char* path, mode_t mode) {
+  char full[8192];
+  if (mkdir_fault(at_path(dirfd, path, full, sizeof(full)))) return -1;
+  return REAL(mkdirat)(dirfd, path, mode);
+}
+
+/* ---- syscall(SYS_openat2, ...): no C library wraps it everywhere, so callers use syscall() */
+
+typedef long (*real_syscall_t)(long, ...);
+
+long syscall(long number, ...) {
+  va_list ap;
+  va_start(ap, number);
+  long a[6];
+  for (int i = 0; i < 6; ++i) a[i] = va_arg(ap, long);
+  va_end(ap);
+#ifdef SYS_openat2
+  if (number == SYS_openat2 && fault_is("openat2")) {
+    char full[8192];
+    const char* path = at_path((int)a[0], (const char*)a[1], full, sizeof(full));
+    if (path_matches(path) && claim("openat2", path)) {
+      errno = fault_errno();
+      return -1;
+    }
+  }
+#endif
+  return REAL(syscall)(number, a[0], a[1], a[2], a[3], a[4], a[5]);
 }

@@ -14,19 +14,26 @@ Path of a block (docs/FORMAT.md is the normative description)::
 - ``<key-hex>`` is the key (block hash + 4-byte group index) in lower-case hex; a key longer
   than 64 bytes is named ``h<sha256(key) hex>`` instead, to stay within NAME_MAX with the tmp
   suffix added.
+
+Files of the tier, for code that walks a namespace (sweep, capacity): a *block file* is a
+regular file whose name ends in :data:`BLOCK_SUFFIX`; a *tmp file* is one that
+:func:`parse_tmp_file_name` accepts (``<final>.<host>.<pid>.<n>.tmp``, the pattern the native
+core defines); :func:`tmp_writer_alive` tells whether its writer may still rename it. Every
+directory the tier creates has mode ``_core.directory_mode(file_mode)``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import hashlib
-import itertools
 import json
 import os
+import pwd
 import re
-import socket
-from typing import Any
+import stat
+from typing import Any, NamedTuple
 
 from kvtier import _core
 from kvtier.tiering.base import OffloadKey
@@ -37,12 +44,80 @@ BLOCK_SUFFIX = ".kvb"
 _MAX_KEY_BYTES_IN_NAME = 64
 _NAMESPACE_HASH_CHARS = 32
 _SLUG_CHARS = 48
-_tmp_counter = itertools.count()
+TMP_FILE_RE = re.compile(_core.TMP_FILE_PATTERN)
 
 
 def host_label() -> str:
     """First label of the host name: the host part of tmp file names (as the core writes it)."""
-    return socket.gethostname().split(".", 1)[0] or "localhost"
+    return str(_core.host_label())
+
+
+def is_block_file_name(name: str) -> bool:
+    """Whether a directory entry's name is a block file's (check it is a regular file too)."""
+    return name.endswith(BLOCK_SUFFIX)
+
+
+def tmp_file_name(final_name: str) -> str:
+    """A fresh tmp name for ``final_name`` (same directory), unique on this host."""
+    return str(_core.tmp_file_name(final_name))
+
+
+class TmpFileName(NamedTuple):
+    """The parts of ``<final>.<host>.<pid>.<n>.tmp``."""
+
+    final: str
+    host: str
+    pid: int
+    n: int
+
+
+def parse_tmp_file_name(name: str) -> TmpFileName | None:
+    """The parts of a tmp file's name, or None when ``name`` is not one."""
+    m = TMP_FILE_RE.match(name)
+    if m is None:
+        return None
+    return TmpFileName(m.group(1), m.group(2), int(m.group(3)), int(m.group(4)))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists in this PID namespace (zombies count as dead)."""
+    if pid <= 0:
+        return True  # never claim a pid we cannot reason about is dead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # The state follows the parenthesised command name, which may contain spaces.
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def tmp_writer_alive(path: str, host: str | None = None) -> bool:
+    """Whether the process writing the tmp file at ``path`` may still rename it.
+
+    Writers hold an OFD lock on their tmp file from creation to rename, which any process
+    can test, also from another PID namespace (another container with the same host name),
+    where the pid in the name means nothing. A file counts as dead only when nobody holds
+    its lock *and* no process with its pid runs here (the pid test keeps files of writers
+    that take no lock, such as older versions). Files of other hosts count as alive: locks
+    on shared file systems are not always coherent across nodes. A missing file is not
+    alive. ``host`` defaults to :func:`host_label`.
+    """
+    parsed = parse_tmp_file_name(os.path.basename(path))
+    if parsed is None:
+        return True  # not a tmp file: never anyone's to remove
+    if parsed.host != (host if host is not None else host_label()):
+        return True
+    state = _core.tmp_file_writer(path)
+    if state == "missing":
+        return False
+    return state == "alive" or pid_alive(parsed.pid)
 
 
 def layout_fields(spec: OffloadingSpec, block_bytes: int) -> dict[str, Any]:
@@ -110,14 +185,21 @@ class FileMapper:
     def prepare(self, file_mode: int) -> None:
         """Create the namespace and rank directories and make sure config.json agrees.
 
-        Raises OSError when the root cannot be created or written, ValueError when an
-        existing config.json describes another layout.
+        Directories made here (``root_dir`` too when it is missing) get exactly
+        ``_core.directory_mode(file_mode)``. Raises OSError when the root cannot be created
+        or written, PermissionError when the namespace belongs to another user that
+        ``file_mode`` does not share with, ValueError when an existing config.json describes
+        another layout.
         """
-        # Directories are searchable wherever files are readable (as the core makes them).
-        dir_mode = (file_mode | ((file_mode & 0o444) >> 2)) & 0o777
+        dir_mode = int(_core.directory_mode(file_mode))
         try:
-            os.makedirs(self.rank_dir, mode=dir_mode, exist_ok=True)
+            _make_directories(self.root_dir, dir_mode)
+            for path in (self.namespace_dir, self.rank_dir):
+                _make_tier_directory(path, dir_mode)
+                _check_owner(os.lstat(path), path, file_mode)
         except OSError as e:
+            if isinstance(e, PermissionError) and e.errno == errno.EPERM:
+                raise
             raise OSError(
                 e.errno, f"cannot create fs tier directory ({e.strerror})", e.filename
             ) from e
@@ -127,24 +209,41 @@ class FileMapper:
 
     def _ensure_config(self, file_mode: int) -> None:
         expected = self.config_contents()
-        if not os.path.exists(self.config_path):
-            self._create_config(expected, file_mode)
-        self._check_config(expected)
-
-    def _create_config(self, expected: dict[str, Any], file_mode: int) -> None:
-        # Written whole to a tmp file, then linked into place: readers never see a partial
-        # file, and link() fails with EEXIST instead of replacing what another process wrote.
-        tmp = f"{self.config_path}.{host_label()}.{os.getpid()}.{next(_tmp_counter)}.tmp"
-        data = (json.dumps(expected, indent=2, sort_keys=True) + "\n").encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, file_mode)
+        dir_fd = os.open(self.namespace_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             try:
+                st = os.lstat(CONFIG_FILE_NAME, dir_fd=dir_fd)
+            except FileNotFoundError:
+                self._create_config(dir_fd, expected, file_mode)
+                st = os.lstat(CONFIG_FILE_NAME, dir_fd=dir_fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(
+                    f"fs tier namespace {self.namespace_dir} has a {CONFIG_FILE_NAME} that is "
+                    "not a regular file (links below root_dir are never followed); move the "
+                    "directory aside or use another root_dir"
+                )
+            _check_owner(st, self.config_path, file_mode)
+            self._check_config(dir_fd, expected)
+        finally:
+            os.close(dir_fd)
+
+    def _create_config(self, dir_fd: int, expected: dict[str, Any], file_mode: int) -> None:
+        # Written whole to a tmp file, then linked into place: readers never see a partial
+        # file, and link() fails with EEXIST instead of replacing what another process wrote.
+        tmp = tmp_file_name(CONFIG_FILE_NAME)
+        data = (json.dumps(expected, indent=2, sort_keys=True) + "\n").encode()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(tmp, flags, file_mode, dir_fd=dir_fd)
+        try:
+            try:
+                _core.lock_tmp_file(fd)  # a sweep elsewhere sees this writer alive
+                os.fchmod(fd, file_mode)  # exact, whatever the umask (as block files)
                 os.write(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
             try:
-                os.link(tmp, self.config_path)
+                os.link(tmp, CONFIG_FILE_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except FileExistsError:
                 pass  # another process won the race; _check_config compares its file
             except OSError as e:
@@ -152,14 +251,15 @@ class FileMapper:
                     raise
                 # No hard links on this file system: rename is still atomic, and a racing
                 # writer of the same namespace writes identical bytes.
-                os.rename(tmp, self.config_path)
+                os.rename(tmp, CONFIG_FILE_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         finally:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dir_fd)
 
-    def _check_config(self, expected: dict[str, Any]) -> None:
+    def _check_config(self, dir_fd: int, expected: dict[str, Any]) -> None:
         try:
-            with open(self.config_path, encoding="utf-8") as f:
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            with open(os.open(CONFIG_FILE_NAME, flags, dir_fd=dir_fd), encoding="utf-8") as f:
                 found = json.load(f)
         except (OSError, ValueError) as e:
             raise ValueError(
@@ -179,4 +279,81 @@ class FileMapper:
             )
 
 
-__all__ = ["FileMapper", "host_label", "layout_fields", "layout_fingerprint"]
+def _make_directories(path: str, mode: int) -> None:
+    """``os.makedirs`` whose new directories get exactly ``mode``, whatever the umask."""
+    missing: list[str] = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for d in reversed(missing):
+        _make_tier_directory(d, mode, check_link=False)
+
+
+def _make_tier_directory(path: str, mode: int, check_link: bool = True) -> None:
+    """Create ``path`` with exactly ``mode`` unless it exists; it must be a real directory."""
+    try:
+        os.mkdir(path, mode)
+        os.chmod(path, mode)  # mkdir applies the umask
+    except FileExistsError:
+        pass
+    if check_link:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise OSError(
+                errno.ELOOP if stat.S_ISLNK(st.st_mode) else errno.ENOTDIR,
+                "not a directory of the tier (links below root_dir are never followed)",
+                path,
+            )
+
+
+def _name_of(table: Any, ident: int) -> str:
+    try:
+        return str(table(ident)[0])
+    except KeyError:
+        return str(ident)
+
+
+def _check_owner(st: os.stat_result, path: str, file_mode: int) -> None:
+    """Refuse an entry of the namespace that another user owns, unless file_mode shares.
+
+    In a root others can write to, anyone can pre-create the (predictable) namespace and
+    plant blocks; adopting it means loading their bytes as this process's own KV cache.
+    """
+    uid = os.geteuid()
+    if st.st_uid == uid:
+        return
+    if file_mode & 0o006 == 0o006:
+        return  # shared with every user
+    if file_mode & 0o060 == 0o060 and (st.st_gid == os.getegid() or st.st_gid in os.getgroups()):
+        return  # shared with the owner's group, which this process is in
+    owner = _name_of(pwd.getpwuid, st.st_uid)
+    group = _name_of(grp.getgrgid, st.st_gid)
+    raise PermissionError(
+        errno.EPERM,
+        f"fs tier namespace entry is owned by user {owner} (uid {st.st_uid}), not by this "
+        f"process (uid {uid}), and file_mode {oct(file_mode)} does not share blocks with it: "
+        "refusing blocks another user may have planted. Use a root_dir that only you can "
+        f"write to, or, to share blocks on purpose, set file_mode to 0o660 with both users in "
+        f"group {group} (or 0o666 to share with every user)",
+        path,
+    )
+
+
+__all__ = [
+    "BLOCK_SUFFIX",
+    "CONFIG_FILE_NAME",
+    "TMP_FILE_RE",
+    "FileMapper",
+    "TmpFileName",
+    "host_label",
+    "is_block_file_name",
+    "layout_fields",
+    "layout_fingerprint",
+    "parse_tmp_file_name",
+    "pid_alive",
+    "tmp_file_name",
+    "tmp_writer_alive",
+]

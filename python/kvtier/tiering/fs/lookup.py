@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -30,8 +29,16 @@ class LookupCache:
     tier, so a tier that is dropped without shutdown() can still be collected.
     """
 
-    def __init__(self, path_of: Callable[[OffloadKey], str], asynchronous: bool, name: str) -> None:
+    def __init__(
+        self,
+        path_of: Callable[[OffloadKey], str],
+        asynchronous: bool,
+        name: str,
+        root_dir: str = "",
+    ) -> None:
         self._path_of = path_of
+        # Blocks count only as regular files reached from here without following links.
+        self._root_dir = root_dir
         self._asynchronous = asynchronous
         self._cond = threading.Condition(threading.Lock())
         self._present: OrderedDict[OffloadKey, None] = OrderedDict()
@@ -62,8 +69,8 @@ class LookupCache:
                     return None
                 self.misses += 1
                 return answer
-        # Synchronous mode (or after close): one stat on the caller's thread.
-        exists = os.path.exists(self._path_of(key))
+        # Synchronous mode (or after close): checked on the caller's thread.
+        exists = bool(_core.paths_exist([self._path_of(key)], self._root_dir)[0])
         with self._cond:
             if exists:
                 self._add_present(key)
@@ -120,7 +127,7 @@ class LookupCache:
                 batch = list(islice(self._pending, _BATCH))
             try:
                 paths = [self._path_of(k) for k in batch]
-                exists = _core.paths_exist(paths)
+                exists = _core.paths_exist(paths, self._root_dir)
             except Exception:  # never let the resolver die: callers would get None forever
                 logger.exception("Asynchronous lookup failed; answering 'absent'")
                 exists = [False] * len(batch)

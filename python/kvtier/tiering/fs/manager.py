@@ -84,7 +84,10 @@ class FileSystemTierManager(SecondaryTierManager):
         self._engine = open_engine(self.file_mapper, opts, f"secondary tier '{tier_type}'")
 
         self._lookups = LookupCache(
-            self.file_mapper.get_file_name, opts.async_lookup, name="kvtier-lookup"
+            self.file_mapper.get_file_name,
+            opts.async_lookup,
+            name="kvtier-lookup",
+            root_dir=self.file_mapper.rank_dir,
         )
         # Stop the resolver thread even if the tier is dropped without shutdown().
         self._finalizer = weakref.finalize(self, self._lookups.close)

@@ -1,75 +1,58 @@
-"""Start-up sweep of tmp files that crashed processes of this host left behind."""
+"""Start-up sweep of tmp files that dead writers left behind."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import re
+
+from kvtier.tiering.fs.file_mapper import parse_tmp_file_name, tmp_writer_alive
 
 logger = logging.getLogger(__name__)
 
-# <final>.<host>.<pid>.<n>.tmp, as the core (and config.json creation) name them.
-_TMP_RE = re.compile(r"^.+\.(?P<host>[^./]+)\.(?P<pid>\d+)\.(?P<n>\d+)\.tmp$")
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (zombies count as dead)."""
-    if pid <= 0:
-        return True  # never claim a pid we cannot reason about is dead
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            # The state follows the parenthesised command name, which may contain spaces.
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state != b"Z"
-    except (OSError, IndexError):
-        return True
-
 
 def sweep_dead_tmp_files(directories: list[str], recursive_dirs: list[str], host: str) -> int:
-    """Remove ``*.<host>.<pid>.<n>.tmp`` files whose pid is dead; returns how many went.
+    """Remove tmp files of ``host`` whose writer is gone; returns how many went.
 
     ``directories`` are scanned without descending; ``recursive_dirs`` with all their
-    sub-directories. Files of other hosts are left alone: on a shared file system their
-    pids mean nothing here.
+    sub-directories, never through a link. A writer counts as gone when nobody holds its
+    tmp file's lock (see :func:`~kvtier.tiering.fs.file_mapper.tmp_writer_alive`), so live
+    writers in other PID namespaces keep their files. Files of other hosts are left alone.
     """
-    alive: dict[int, bool] = {}
     removed = 0
 
-    def visit(path: str, recurse: bool) -> None:
+    def visit(path: str, name: str, parent_fd: int | None, recurse: bool) -> None:
+        # Each directory is opened relative to its parent's descriptor, never through a link.
         nonlocal removed
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            entries = list(os.scandir(path))
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        for entry in entries:
-            if entry.name.endswith(".tmp"):
-                m = _TMP_RE.match(entry.name)
-                if m is None or m.group("host") != host:
-                    continue
-                pid = int(m.group("pid"))
-                if pid not in alive:
-                    alive[pid] = pid_alive(pid)
-                if not alive[pid]:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
-                        removed += 1
-            elif recurse and entry.is_dir(follow_symlinks=False):
-                visit(entry.path, True)
+            fd = os.open(name, flags, dir_fd=parent_fd)
+        except OSError:
+            return  # gone, a link, or unreadable: nothing of ours to sweep there
+        try:
+            with os.scandir(fd) as it:
+                entries = list(it)
+            for entry in entries:
+                parsed = parse_tmp_file_name(entry.name)
+                if parsed is not None:
+                    if parsed.host != host or not entry.is_file(follow_symlinks=False):
+                        continue
+                    if not tmp_writer_alive(os.path.join(path, entry.name), host):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(entry.name, dir_fd=fd)
+                            removed += 1
+                elif recurse and entry.is_dir(follow_symlinks=False):
+                    visit(os.path.join(path, entry.name), entry.name, fd, True)
+        finally:
+            os.close(fd)
 
     for d in directories:
-        visit(d, False)
+        visit(d, d, None, False)
     for d in recursive_dirs:
-        visit(d, True)
+        visit(d, d, None, True)
     if removed:
-        logger.info("Removed %d tmp files left by dead processes", removed)
+        logger.info("Removed %d tmp files left by dead writers", removed)
     return removed
 
 
-__all__ = ["pid_alive", "sweep_dead_tmp_files"]
+__all__ = ["sweep_dead_tmp_files"]
