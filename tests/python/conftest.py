@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +39,25 @@ def _collect_results(tier, job_ids: Iterable[int], timeout: float = WAIT_SECONDS
 @pytest.fixture
 def collect_results() -> Callable[..., dict]:
     return _collect_results
+
+
+FAULTS_DIR = Path(__file__).resolve().parent / "faults"
+
+
+@pytest.fixture(scope="session")
+def fault_interposer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """faults/faultinject.c built as an LD_PRELOAD library (skips without a C compiler)."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler (cc/gcc/clang) to build the LD_PRELOAD fault injector")
+    out = tmp_path_factory.mktemp("faultinject") / "faultinject.so"
+    build = subprocess.run(
+        [cc, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(out)]
+        + [str(FAULTS_DIR / "faultinject.c"), "-ldl"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert build.returncode == 0, build.stderr
+    return out

@@ -370,7 +370,7 @@ def test_job_argument_errors(make_transfer, collect_results):
         t.store(1, [NUM_BLOCKS], [key(0)])
     with pytest.raises(ValueError, match="out of range"):
         t.load(1, [-1], [key(0)])
-    with pytest.raises(ValueError, match="2 block_ids but 1 keys"):
+    with pytest.raises(ValueError, match="1 keys but 2 block_ids"):
         t.store(1, [0, 1], [key(0)])
     assert t.get_finished() == []
     t.store(1, [0], [key(0)])
