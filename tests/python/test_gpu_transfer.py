@@ -8,6 +8,7 @@ parametrized over ``device`` also run on CUDA tensors where torch sees a GPU; th
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -348,6 +349,14 @@ def test_load_of_missing_key_fails_and_leaves_its_block_untouched(
     result = run_job(t, collect_results, t.load, 3, [7], [present])
     assert result.success, result.error
     assert snapshot(kv, layout.block_dim)[7] == before[1]
+
+
+def test_failed_job_is_logged_at_error_level(make_transfer, collect_results, caplog):
+    t = make_transfer(LAYOUTS[0].make("cpu"), 0)
+    with caplog.at_level(logging.WARNING, logger="kvtier.gpu.transfer"):
+        assert not run_job(t, collect_results, t.load, 5, [0], [key(123)]).success
+    logged = [r for r in caplog.records if r.getMessage().startswith("Job 5 block I/O failed: ")]
+    assert [r.levelno for r in logged] == [logging.ERROR]
 
 
 def test_load_of_a_block_stored_for_another_layout_fails(tmp_path, make_transfer, collect_results):
