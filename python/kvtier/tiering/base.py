@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NewType
+from typing import TYPE_CHECKING, Any, NewType, cast
 
 import numpy as np
 
@@ -177,7 +177,7 @@ class SecondaryTierManager(ABC):
         job_id = check_job_id(job.job_id)
         keys = check_keys(job_id, job.keys)
         ids = check_block_ids(job_id, job.block_ids, len(keys), self._num_blocks)
-        return job_id, tuple(OffloadKey(k) for k in keys), ids
+        return job_id, cast("tuple[OffloadKey, ...]", keys), ids
 
 
 __all__ = [

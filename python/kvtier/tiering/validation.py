@@ -41,6 +41,12 @@ def check_keys(job_id: int, keys: Iterable[Any]) -> tuple[bytes, ...]:
     """
     if isinstance(keys, (*_BYTES_LIKE, str)):
         raise TypeError(f"Job {job_id}: keys must be a sequence of keys, got one {_show(keys)}")
+    keys = tuple(keys)
+    # The common case costs a few C-level passes: this runs on the caller's thread per job.
+    if set(map(type, keys)) <= {bytes}:
+        lengths = set(map(len, keys))
+        if not lengths or (min(lengths) > 0 and max(lengths) <= _core.MAX_KEY_SIZE):
+            return keys
     out = []
     for i, key in enumerate(keys):
         if type(key) is not bytes:
@@ -59,31 +65,38 @@ def check_keys(job_id: int, keys: Iterable[Any]) -> tuple[bytes, ...]:
     return tuple(out)
 
 
+def _not_integer(job_id: int, index: int, value: Any) -> TypeError:
+    return TypeError(f"Job {job_id}: block_ids[{index}] must be an integer, got {_show(value)}")
+
+
 def check_block_ids(job_id: int, block_ids: Any, num_keys: int, num_blocks: int) -> list[int]:
     """The block ids as Python ints, one per key, each in ``[0, num_blocks)``.
 
-    TypeError names the first id that is not an integer (floats, bools and strings are never
-    rounded or converted); ValueError a count that differs from the keys' or an id out of
-    range.
+    ``block_ids`` is an integer ``np.ndarray`` (any shape, read in C order) or a sequence of
+    ints. TypeError names the first id that is not an integer (floats, bools and strings are
+    never rounded or converted); ValueError a count that differs from the keys' or an id out
+    of range.
     """
-    ids = block_ids if isinstance(block_ids, np.ndarray) else np.asarray(block_ids, dtype=object)
-    ids = ids.reshape(-1)
-    if ids.dtype.kind not in "iu":
-        # Object arrays hold what the caller passed (ints of any size, numpy scalars, ...).
-        for i, b in enumerate(ids.tolist() if ids.dtype != object else ids):
-            if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)):
-                raise TypeError(f"Job {job_id}: block_ids[{i}] must be an integer, got {_show(b)}")
-    if ids.size != num_keys:
-        raise ValueError(f"Job {job_id}: {num_keys} keys but {ids.size} block_ids")
-    values = [int(b) for b in ids.tolist()]
-    # Vectorised when possible: jobs carry hundreds of ids and this runs on the caller's thread.
-    if ids.dtype.kind in "iu" and (not values or (ids.min() >= 0 and ids.max() < num_blocks)):
-        return values
-    for i, b in enumerate(values):
-        if not 0 <= b < num_blocks:
-            raise ValueError(
-                f"Job {job_id}: block_ids[{i}] = {b} is out of range [0, {num_blocks})"
-            )
+    if isinstance(block_ids, np.ndarray):
+        flat = block_ids.reshape(-1)
+        values = flat.tolist()  # Python ints for an integer dtype
+        if flat.dtype.kind not in "iu":
+            for i, b in enumerate(values):
+                if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)):
+                    raise _not_integer(job_id, i, b)
+            values = [int(b) for b in values]  # an object array may hold numpy scalars
+    else:
+        values = list(block_ids)
+        if not all(type(b) is int for b in values):
+            for i, b in enumerate(values):
+                if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)):
+                    raise _not_integer(job_id, i, b)
+            values = [int(b) for b in values]
+    if len(values) != num_keys:
+        raise ValueError(f"Job {job_id}: {num_keys} keys but {len(values)} block_ids")
+    if values and (min(values) < 0 or max(values) >= num_blocks):
+        i, b = next((i, b) for i, b in enumerate(values) if not 0 <= b < num_blocks)
+        raise ValueError(f"Job {job_id}: block_ids[{i}] = {b} is out of range [0, {num_blocks})")
     return values
 
 
