@@ -71,6 +71,21 @@ def test_interpreter_exit_with_stores_queued_is_clean(fault_interposer, tmp_path
         proc = run_child(fault_interposer, tmp_path / str(run), "exit", holder, "store")
         assert_clean(proc)
         assert proc.stdout.split() == ["ok"]
+        assert_exit_finished_the_running_store(tmp_path / str(run))
+
+
+def assert_exit_finished_the_running_store(tmp_path: Path) -> None:
+    # One store was running (held at the gate) and finished; the queued ones were cancelled.
+    root = tmp_path / "root"
+    assert len(list(root.rglob("*.kvb"))) == 1
+    assert list(root.rglob("*.tmp")) == []
+
+
+def test_interpreter_exit_stops_an_engine_that_is_never_collected(fault_interposer, tmp_path):
+    proc = run_child(fault_interposer, tmp_path, "exit-daemon", "fs", "store")
+    assert_clean(proc)
+    assert proc.stdout.split() == ["ok"]
+    assert_exit_finished_the_running_store(tmp_path)
 
 
 @pytest.mark.parametrize("holder", HOLDERS)

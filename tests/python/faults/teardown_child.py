@@ -11,6 +11,7 @@ argv: scenario holder kind root gate
                   nothing writes into it; prints "ok"
             exit: leave the holder in a global with the job queued and let the interpreter
                   exit; prints "ok" first
+            exit-daemon: the same, the holder referenced by a daemon thread that never ends
             gil:  drop the holder while a Python thread runs; prints JSON saying whether that
                   thread ran during the destruction
   holder    fs (FileSystemTierManager) or gpu (GPUStorageTransfer over a CPU tensor)
@@ -51,7 +52,8 @@ def spec() -> Any:
 
 
 def make_holder(holder: str, memory: mmap.mmap, root: str) -> Any:
-    threads = {"n_read_threads": 1, "n_write_threads": 1}
+    # One worker (it takes stores too when no load waits): exactly one block operation runs.
+    threads = {"n_read_threads": 1, "n_write_threads": 0}
     if holder == "fs":
         from kvtier.tiering.fs.manager import FileSystemTierManager
 
@@ -162,6 +164,13 @@ def main() -> int:
     if scenario == "exit":
         global kept  # a module global, torn down by the interpreter's exit
         kept = holder
+        open_gate_later(gate, 0.3)
+        print("ok", flush=True)
+        return 0
+    if scenario == "exit-daemon":
+        # A daemon thread's frame is never torn down: the holder is never collected, so only
+        # the exit hook stops its engine.
+        threading.Thread(target=threading.Event().wait, args=(holder,), daemon=True).start()
         open_gate_later(gate, 0.3)
         print("ok", flush=True)
         return 0
