@@ -41,7 +41,11 @@ std::vector<kvtier::BlockOp> blocks_from_python(const py::sequence& blocks) {
       throw std::invalid_argument("each block must be (path, key, address, length)");
     kvtier::BlockOp op;
     op.path = fspath(t[0]).cast<std::string>();
-    op.key = t[1].cast<std::string>();  // bytes -> raw bytes
+    const py::object key = t[1];
+    if (!PyBytes_Check(key.ptr()))  // a str would be encoded to UTF-8 silently
+      throw py::type_error(std::string("block key must be bytes, got ") +
+                           Py_TYPE(key.ptr())->tp_name);
+    op.key = key.cast<std::string>();
     op.data = reinterpret_cast<void*>(t[2].cast<std::uintptr_t>());
     const auto length = t[3].cast<long long>();
     if (length < 0) throw std::invalid_argument("block length must not be negative");
@@ -52,7 +56,7 @@ std::vector<kvtier::BlockOp> blocks_from_python(const py::sequence& blocks) {
 }
 
 // The Engine as Python owns it. Workers hold raw addresses into caller memory, so the
-// objects owning that memory (`buffers`) are released only after the workers have stopped,
+// objects owning that memory (keep_alive()) are released only after the workers have stopped,
 // whatever order Python tears things down in; stopping joins threads that may wait on a slow
 // mount, so it runs with the GIL released. Runs with the GIL held (pybind11 dealloc).
 class PyEngine final : public kvtier::Engine {
@@ -62,10 +66,16 @@ class PyEngine final : public kvtier::Engine {
   PyEngine(const PyEngine&) = delete;
   PyEngine& operator=(const PyEngine&) = delete;
 
-  void keep_alive(py::tuple buffers) { buffers_ = std::move(buffers); }
+  // Called with the GIL held.
+  void keep_alive(const py::iterable& buffers) {
+    if (!buffers_) buffers_ = py::list();
+    for (const py::handle buffer : buffers) buffers_.append(buffer);
+  }
 
  private:
-  py::tuple buffers_;
+  // Null until keep_alive(): the engine is constructed with the GIL released, when no Python
+  // object may be created.
+  py::list buffers_ = py::reinterpret_steal<py::list>(py::handle());
 };
 
 // Engines alive in this process: interpreter exit stops them before Python frees the memory
@@ -124,9 +134,8 @@ class ContiguousBuffer {
         strides += (i ? ", " : "") + std::to_string(view_.strides[i]);
       }
       PyBuffer_Release(&view_);
-      throw py::value_error(std::string(what) +
-                            " must be a C-contiguous buffer, got shape (" + shape +
-                            ") with strides (" + strides +
+      throw py::value_error(std::string(what) + " must be a C-contiguous buffer, got shape (" +
+                            shape + ") with strides (" + strides +
                             "); pass a contiguous copy (e.g. numpy.ascontiguousarray)");
     }
   }
@@ -281,8 +290,7 @@ PYBIND11_MODULE(_core, m) {
                        unsigned file_mode, const py::bytes& fingerprint,
                        unsigned max_stores_in_flight_while_loading, std::size_t staging_bytes_total,
                        std::size_t staging_buffer_bytes, bool use_cuda, int cuda_device,
-                       bool numa_bind, int worker_nice, bool completion_eventfd,
-                       const py::iterable& buffers) {
+                       bool numa_bind, int worker_nice, bool completion_eventfd) {
              kvtier::EngineConfig c;
              c.root_dir = root_dir;
              c.n_read_threads = n_read_threads;
@@ -300,14 +308,8 @@ PYBIND11_MODULE(_core, m) {
              c.numa_bind = numa_bind;
              c.worker_nice = worker_nice;
              c.completion_eventfd = completion_eventfd;
-             py::tuple owners(buffers);
-             std::unique_ptr<PyEngine> engine;
-             {
-               py::gil_scoped_release release;  // the O_DIRECT probe does I/O
-               engine = std::make_unique<PyEngine>(std::move(c));
-             }
-             engine->keep_alive(std::move(owners));
-             return engine;
+             py::gil_scoped_release release;  // the O_DIRECT probe does I/O
+             return std::make_unique<PyEngine>(std::move(c));
            }),
            "root_dir"_a = "", py::kw_only(), "n_read_threads"_a = 16, "n_write_threads"_a = 16,
            "o_direct"_a = "auto", "checksum"_a = "crc32c", "durability"_a = "none",
@@ -316,9 +318,11 @@ PYBIND11_MODULE(_core, m) {
            "staging_bytes_total"_a = std::size_t{64} << 20,
            "staging_buffer_bytes"_a = std::size_t{2} << 20, "use_cuda"_a = false,
            "cuda_device"_a = -1, "numa_bind"_a = false, "worker_nice"_a = 19,
-           "completion_eventfd"_a = false, "buffers"_a = py::tuple(),
-           "buffers: objects owning the memory that block addresses point into; the engine "
-           "keeps them alive until its workers have stopped.")
+           "completion_eventfd"_a = false)
+      .def("keep_alive", &PyEngine::keep_alive, "buffers"_a,
+           "Holds `buffers` (objects owning memory that block addresses point into) until the "
+           "workers have stopped, whenever and however the engine goes; call it before "
+           "submitting jobs over that memory.")
       .def(
           "submit_store",
           [](PyEngine& e, kvtier::JobId id, const py::sequence& blocks) {

@@ -203,3 +203,13 @@ def test_store_dropped_with_eagain_keeps_its_id_until_reported(tmp_path):
     holder.store(1, [1], [b"dropped-again"])  # reported: the id may be used again
     assert [r.job_id for r in holder.get_finished()] == [1]
     holder.shutdown()
+
+
+@pytest.mark.parametrize("bad", ["text", bytearray(b"key"), 4])
+def test_engine_binding_refuses_keys_that_are_not_bytes(tmp_path, bad):
+    engine = _core.Engine(str(tmp_path))
+    buffer = np.zeros(ROW, dtype=np.uint8)
+    with pytest.raises(TypeError, match="block key must be bytes, got"):
+        engine.submit_store(1, [(str(tmp_path / "b.kvb"), bad, buffer.ctypes.data, ROW)])
+    engine.shutdown()
+    assert engine.pop_completions() == []

@@ -79,19 +79,16 @@ class GPUStorageTransfer:
         self.file_mapper = FileMapper(opts.root_dir, offloading_spec, self.block_bytes)
         with naming(self.file_mapper.config_path):
             self.file_mapper.prepare(opts.file_mode)
-        with naming(self.file_mapper.rank_dir):
-            # The engine holds the tensors: their memory stays allocated until its workers
-            # have stopped, whatever order this object is torn down in.
-            self._engine = open_engine(
-                self.file_mapper,
-                opts,
-                "GPUStorageTransfer",
-                use_cuda=self._on_gpu,
-                cuda_device=(
-                    self.device.index if self._on_gpu and self.device.index is not None else -1
-                ),
-                buffers=tuple(self.kv_caches),
-            )
+        self._engine = open_engine(
+            self.file_mapper,
+            opts,
+            "GPUStorageTransfer",
+            use_cuda=self._on_gpu,
+            cuda_device=self.device.index if self._on_gpu and self.device.index is not None else -1,
+        )
+        # The engine holds the tensors: their memory stays allocated until its workers have
+        # stopped, whatever order this object is torn down in.
+        self._engine.keep_alive(self.kv_caches)
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
         self._failure_log = RateLimitedLog(logger)
         self._lock = threading.Lock()

@@ -79,19 +79,15 @@ class FileSystemTierManager(SecondaryTierManager):
             self.file_mapper.prepare(opts.file_mode)
         # Crashed writers of this host leave tmp files; nobody else will ever rename them.
         self._host = host_label()
-        with naming(self.file_mapper.rank_dir):
-            sweep_dead_tmp_files(
-                [self.file_mapper.namespace_dir], [self.file_mapper.rank_dir], self._host
-            )
-            # The engine keeps its own view of the primary memory: it stays allocated until
-            # the workers have stopped, whatever order the tier is torn down in (and even if
-            # the caller releases primary_kv_view).
-            self._engine = open_engine(
-                self.file_mapper,
-                opts,
-                f"secondary tier '{tier_type}'",
-                buffers=(memoryview(primary_kv_view),),
-            )
+        sweep_dead_tmp_files(
+            [self.file_mapper.namespace_dir], [self.file_mapper.rank_dir], self._host
+        )
+
+        self._engine = open_engine(self.file_mapper, opts, f"secondary tier '{tier_type}'")
+        # The engine keeps its own view of the primary memory: it stays allocated until the
+        # workers have stopped, whatever order the tier is torn down in (and even if the
+        # caller releases primary_kv_view).
+        self._engine.keep_alive([memoryview(primary_kv_view)])
 
         self._lookups = LookupCache(
             self.file_mapper.get_file_name, opts.async_lookup, name="kvtier-lookup"

@@ -2,7 +2,8 @@
 
 Some failures come from calls that know no path (``os.write`` on a full disk, an fsync); the
 user then sees "No space left on device" without knowing where. Constructors of fs-format
-writers wrap each step in :func:`naming` so every OSError they raise has ``filename`` set.
+writers wrap such steps (writing config.json) in :func:`naming`; the native engine's errors
+carry their path already.
 """
 
 from __future__ import annotations
