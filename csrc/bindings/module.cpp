@@ -3,9 +3,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <mutex>
 #include <tuple>
+#include <unordered_map>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -38,7 +41,11 @@ std::vector<kvtier::BlockOp> blocks_from_python(const py::sequence& blocks) {
       throw std::invalid_argument("each block must be (path, key, address, length)");
     kvtier::BlockOp op;
     op.path = fspath(t[0]).cast<std::string>();
-    op.key = t[1].cast<std::string>();  // bytes -> raw bytes
+    const py::object key = t[1];
+    if (!PyBytes_Check(key.ptr()))  // a str would be encoded to UTF-8 silently
+      throw py::type_error(std::string("block key must be bytes, got ") +
+                           Py_TYPE(key.ptr())->tp_name);
+    op.key = key.cast<std::string>();
     op.data = reinterpret_cast<void*>(t[2].cast<std::uintptr_t>());
     const auto length = t[3].cast<long long>();
     if (length < 0) throw std::invalid_argument("block length must not be negative");
@@ -48,7 +55,102 @@ std::vector<kvtier::BlockOp> blocks_from_python(const py::sequence& blocks) {
   return ops;
 }
 
-void submit(kvtier::Engine& engine, kvtier::JobId job_id, kvtier::Direction direction,
+// The Engine as Python owns it. Workers hold raw addresses into caller memory, so the
+// objects owning that memory (keep_alive()) are released only after the workers have stopped,
+// whatever order Python tears things down in; stopping joins threads that may wait on a slow
+// mount, so it runs with the GIL released. Runs with the GIL held (pybind11 dealloc).
+class PyEngine final : public kvtier::Engine {
+ public:
+  explicit PyEngine(kvtier::EngineConfig config);
+  ~PyEngine();
+  PyEngine(const PyEngine&) = delete;
+  PyEngine& operator=(const PyEngine&) = delete;
+
+  // Called with the GIL held.
+  void keep_alive(const py::iterable& buffers) {
+    if (!buffers_) buffers_ = py::list();
+    for (const py::handle buffer : buffers) buffers_.append(buffer);
+  }
+
+ private:
+  // Null until keep_alive(): the engine is constructed with the GIL released, when no Python
+  // object may be created.
+  py::list buffers_ = py::reinterpret_steal<py::list>(py::handle());
+};
+
+// Engines alive in this process: interpreter exit stops them before Python frees the memory
+// they address (an engine in a module global may otherwise be destroyed after its buffers,
+// or never). Leaked on purpose so it outlives every engine, even in static destruction.
+struct EngineRegistry {
+  std::mutex mutex;  // held while the exit hook stops engines: a destructor waits for it
+  std::unordered_map<const PyEngine*, pid_t> engines;  // engine -> pid that created it
+};
+
+EngineRegistry& registry() {
+  static auto* r = new EngineRegistry;
+  return *r;
+}
+
+PyEngine::PyEngine(kvtier::EngineConfig config) : kvtier::Engine(std::move(config)) {
+  std::lock_guard lock(registry().mutex);
+  registry().engines.emplace(this, ::getpid());
+}
+
+PyEngine::~PyEngine() {
+  {
+    py::gil_scoped_release release;
+    {
+      std::lock_guard lock(registry().mutex);
+      registry().engines.erase(this);
+    }
+    shutdown();
+  }
+  // buffers_ goes now, with the GIL held again and no worker left to touch its memory.
+}
+
+// atexit hook: every engine of this process stops (running block operations finish, queued
+// ones are cancelled). Engines inherited through fork() have no workers here to stop.
+void shutdown_all_engines() {
+  py::gil_scoped_release release;
+  EngineRegistry& r = registry();
+  std::lock_guard lock(r.mutex);
+  const pid_t self = ::getpid();
+  for (const auto& [engine, pid] : r.engines)
+    if (pid == self) const_cast<PyEngine*>(engine)->shutdown();
+}
+
+// A buffer's bytes, refused with ValueError unless C-contiguous: a strided buffer read as if
+// it were contiguous gives wrong checksums and addresses bytes outside it. Hold the GIL when
+// constructing and destroying; the bytes stay valid (not resized or freed) in between.
+class ContiguousBuffer {
+ public:
+  ContiguousBuffer(const py::handle& object, bool writable, const char* what) {
+    if (PyObject_GetBuffer(object.ptr(), &view_, PyBUF_STRIDES | (writable ? PyBUF_WRITABLE : 0)))
+      throw py::error_already_set();
+    if (!PyBuffer_IsContiguous(&view_, 'C')) {
+      std::string shape, strides;
+      for (int i = 0; i < view_.ndim; ++i) {
+        shape += (i ? ", " : "") + std::to_string(view_.shape[i]);
+        strides += (i ? ", " : "") + std::to_string(view_.strides[i]);
+      }
+      PyBuffer_Release(&view_);
+      throw py::value_error(std::string(what) + " must be a C-contiguous buffer, got shape (" +
+                            shape + ") with strides (" + strides +
+                            "); pass a contiguous copy (e.g. numpy.ascontiguousarray)");
+    }
+  }
+  ~ContiguousBuffer() { PyBuffer_Release(&view_); }
+  ContiguousBuffer(const ContiguousBuffer&) = delete;
+  ContiguousBuffer& operator=(const ContiguousBuffer&) = delete;
+
+  void* data() const noexcept { return view_.buf; }
+  std::size_t size() const noexcept { return static_cast<std::size_t>(view_.len); }
+
+ private:
+  Py_buffer view_{};
+};
+
+void submit(PyEngine& engine, kvtier::JobId job_id, kvtier::Direction direction,
             const py::sequence& blocks) {
   auto ops = blocks_from_python(blocks);
   py::gil_scoped_release release;
@@ -57,7 +159,7 @@ void submit(kvtier::Engine& engine, kvtier::JobId job_id, kvtier::Direction dire
 
 // Blocks named by index into a BlockLayout: the segments are built here, in C++, so a job of
 // many blocks over many layers costs Python one call.
-void submit_blocks(kvtier::Engine& engine, kvtier::JobId job_id, kvtier::Direction direction,
+void submit_blocks(PyEngine& engine, kvtier::JobId job_id, kvtier::Direction direction,
                    const std::vector<std::string>& paths, const std::vector<py::bytes>& keys,
                    const std::vector<long long>& block_ids, const kvtier::BlockLayout& layout,
                    std::uintptr_t cuda_stream) {
@@ -181,7 +283,7 @@ PYBIND11_MODULE(_core, m) {
           },
           "block"_a, "(address, length, is_device) of each segment of a block.");
 
-  py::class_<kvtier::Engine>(m, "Engine", "Worker pool that stores and loads block files.")
+  py::class_<PyEngine>(m, "Engine", "Worker pool that stores and loads block files.")
       .def(py::init([](const std::string& root_dir, unsigned n_read_threads,
                        unsigned n_write_threads, const py::object& o_direct,
                        const std::string& checksum, const std::string& durability,
@@ -207,7 +309,7 @@ PYBIND11_MODULE(_core, m) {
              c.worker_nice = worker_nice;
              c.completion_eventfd = completion_eventfd;
              py::gil_scoped_release release;  // the O_DIRECT probe does I/O
-             return std::make_unique<kvtier::Engine>(std::move(c));
+             return std::make_unique<PyEngine>(std::move(c));
            }),
            "root_dir"_a = "", py::kw_only(), "n_read_threads"_a = 16, "n_write_threads"_a = 16,
            "o_direct"_a = "auto", "checksum"_a = "crc32c", "durability"_a = "none",
@@ -217,16 +319,20 @@ PYBIND11_MODULE(_core, m) {
            "staging_buffer_bytes"_a = std::size_t{2} << 20, "use_cuda"_a = false,
            "cuda_device"_a = -1, "numa_bind"_a = false, "worker_nice"_a = 19,
            "completion_eventfd"_a = false)
+      .def("keep_alive", &PyEngine::keep_alive, "buffers"_a,
+           "Holds `buffers` (objects owning memory that block addresses point into) until the "
+           "workers have stopped, whenever and however the engine goes; call it before "
+           "submitting jobs over that memory.")
       .def(
           "submit_store",
-          [](kvtier::Engine& e, kvtier::JobId id, const py::sequence& blocks) {
+          [](PyEngine& e, kvtier::JobId id, const py::sequence& blocks) {
             submit(e, id, kvtier::Direction::kStore, blocks);
           },
           "job_id"_a, "blocks"_a,
           "Queue a store of (path, key, address, length) blocks; returns at once.")
       .def(
           "submit_load",
-          [](kvtier::Engine& e, kvtier::JobId id, const py::sequence& blocks) {
+          [](PyEngine& e, kvtier::JobId id, const py::sequence& blocks) {
             submit(e, id, kvtier::Direction::kLoad, blocks);
           },
           "job_id"_a, "blocks"_a,
@@ -239,7 +345,7 @@ PYBIND11_MODULE(_core, m) {
            py::call_guard<py::gil_scoped_release>(), "Finished jobs; never blocks.")
       .def("drain", &kvtier::Engine::drain, py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &kvtier::Engine::shutdown, py::call_guard<py::gil_scoped_release>())
-      .def("stats", [](const kvtier::Engine& e) { return stats_to_dict(e.stats()); })
+      .def("stats", [](const PyEngine& e) { return stats_to_dict(e.stats()); })
       .def_property_readonly("is_shut_down", &kvtier::Engine::is_shut_down)
       .def_property_readonly("direct_io", &kvtier::Engine::direct_io)
       .def_property_readonly("o_direct_fallback_reason", &kvtier::Engine::o_direct_fallback_reason)
@@ -254,10 +360,9 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "crc32c",
       [](const py::buffer& data, std::uint32_t crc) {
-        py::buffer_info info = data.request();
-        const auto length = static_cast<std::size_t>(info.size * info.itemsize);
+        ContiguousBuffer bytes(data, false, "crc32c: data");
         py::gil_scoped_release release;
-        return kvtier::crc32c(info.ptr, length, crc);
+        return kvtier::crc32c(bytes.data(), bytes.size(), crc);
       },
       "data"_a, "crc"_a = 0, "CRC32C of a contiguous buffer (continuing from crc).");
   m.def("crc32c_is_hardware", &kvtier::crc32c_is_hardware);
@@ -276,11 +381,13 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "buffer_address",
       [](const py::buffer& buffer, bool writable) {
-        py::buffer_info info = buffer.request(writable);
-        return reinterpret_cast<std::uintptr_t>(info.ptr);
+        ContiguousBuffer bytes(buffer, writable, "buffer_address: buffer");
+        return reinterpret_cast<std::uintptr_t>(bytes.data());
       },
       "buffer"_a, "writable"_a = false,
       "Address of a contiguous buffer's first byte (the buffer must outlive its use).");
+
+  py::module_::import("atexit").attr("register")(py::cpp_function(&shutdown_all_engines));
 
   m.attr("HEADER_SIZE") = kvtier::kHeaderSize;
   m.attr("ALIGNMENT") = kvtier::kAlignment;

@@ -23,7 +23,8 @@ class RateLimitedLog:
         self._emitted = 0
         self._suppressed = 0
 
-    def warning(self, msg: str, *args: Any) -> None:
+    def error(self, msg: str, *args: Any) -> None:
+        """Log at ERROR level (a failed job), unless the burst for this window is spent."""
         now = time.monotonic()
         with self._lock:
             if now - self._window_start >= self._window:
@@ -34,5 +35,5 @@ class RateLimitedLog:
             self._emitted += 1
             suppressed, self._suppressed = self._suppressed, 0
         if suppressed:
-            self._logger.warning("%d similar messages suppressed", suppressed)
-        self._logger.warning(msg, *args)
+            self._logger.error("%d similar messages suppressed", suppressed)
+        self._logger.error(msg, *args)

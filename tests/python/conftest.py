@@ -41,27 +41,19 @@ def collect_results() -> Callable[..., dict]:
     return _collect_results
 
 
+FAULTS_DIR = Path(__file__).resolve().parent / "faults"
+
+
 @pytest.fixture(scope="session")
 def interposer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The LD_PRELOAD fault injector (faults/faultinject.c), built once per session."""
+    """faults/faultinject.c built as an LD_PRELOAD library (skips without a C compiler)."""
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         pytest.skip("no C compiler (cc/gcc/clang) to build the LD_PRELOAD fault injector")
     out = tmp_path_factory.mktemp("faultinject") / "faultinject.so"
     build = subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-            str(out),
-            str(Path(__file__).resolve().parent / "faults" / "faultinject.c"),
-            "-ldl",
-        ],
+        [cc, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(out)]
+        + [str(FAULTS_DIR / "faultinject.c"), "-ldl"],
         check=False,
         capture_output=True,
         text=True,

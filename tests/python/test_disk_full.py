@@ -174,3 +174,41 @@ def test_one_job_overflowing_the_disk_reports_each_block(small_disk: Path, o_dir
             assert np.array_equal(dst[i * ROW : (i + 1) * ROW], src[i * ROW : (i + 1) * ROW]), i
     finally:
         engine.shutdown()
+
+
+def fill(disk: Path) -> None:
+    """Writes a file until the disk is full."""
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(bytes(64 * 1024))
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+
+
+@pytest.mark.parametrize("holder", ["fs", "transfer"])
+def test_constructor_on_a_full_disk_raises_an_oserror_naming_the_path(
+    small_disk: Path, holder: str
+) -> None:
+    from kvtier.tiering.spec import OffloadingSpec
+
+    fill(small_disk)
+    root = small_disk / "root"
+    spec = OffloadingSpec(model_name="full", dtype="uint8")
+    with pytest.raises(OSError) as raised:
+        if holder == "fs":
+            from kvtier.tiering.fs.manager import FileSystemTierManager
+
+            FileSystemTierManager(
+                spec, memoryview(bytearray(4 * ROW)).cast("B", (4, ROW)), root_dir=str(root)
+            )
+        else:
+            torch = pytest.importorskip("torch")
+            from kvtier.gpu.transfer import GPUStorageTransfer
+
+            GPUStorageTransfer([torch.zeros(4, ROW, dtype=torch.uint8)], spec, str(root))
+    assert raised.value.errno == errno.ENOSPC, raised.value
+    assert raised.value.filename, raised.value
+    assert str(raised.value.filename).startswith(str(root) + os.sep), raised.value
+    assert str(root) in str(raised.value)

@@ -218,8 +218,18 @@ def test_failed_job_is_logged(make_tier, collect_results, caplog):
         result = collect_results(tier, [42])[42]
     assert result.success is False
     assert "errno" in result.error
-    messages = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("Job 42 block I/O failed: ") and "errno 2" in m for m in messages)
+    logged = [r for r in caplog.records if r.getMessage().startswith("Job 42 block I/O failed: ")]
+    assert len(logged) == 1 and "errno 2" in logged[0].getMessage()
+    assert logged[0].levelno == logging.ERROR
+
+
+def test_dropped_store_is_logged_at_error_level(make_tier, collect_results, caplog):
+    tier = make_tier(primary(), max_queued_store_jobs=0)
+    with caplog.at_level(logging.WARNING, logger="kvtier.tiering.fs.manager"):
+        tier.submit_store(job(7, [key(7)], [0]))
+        assert collect_results(tier, [7])[7].success is False
+    logged = [r for r in caplog.records if r.getMessage().startswith("Job 7 block I/O failed: ")]
+    assert [r.levelno for r in logged] == [logging.ERROR]
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ parametrized over ``device`` also run on CUDA tensors where torch sees a GPU; th
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -350,6 +351,14 @@ def test_load_of_missing_key_fails_and_leaves_its_block_untouched(
     assert snapshot(kv, layout.block_dim)[7] == before[1]
 
 
+def test_failed_job_is_logged_at_error_level(make_transfer, collect_results, caplog):
+    t = make_transfer(LAYOUTS[0].make("cpu"), 0)
+    with caplog.at_level(logging.WARNING, logger="kvtier.gpu.transfer"):
+        assert not run_job(t, collect_results, t.load, 5, [0], [key(123)]).success
+    logged = [r for r in caplog.records if r.getMessage().startswith("Job 5 block I/O failed: ")]
+    assert [r.levelno for r in logged] == [logging.ERROR]
+
+
 def test_load_of_a_block_stored_for_another_layout_fails(tmp_path, make_transfer, collect_results):
     small = [rand((4, 256), torch.int8, 1)]
     t_small = make_transfer(small, 0)
@@ -370,7 +379,7 @@ def test_job_argument_errors(make_transfer, collect_results):
         t.store(1, [NUM_BLOCKS], [key(0)])
     with pytest.raises(ValueError, match="out of range"):
         t.load(1, [-1], [key(0)])
-    with pytest.raises(ValueError, match="2 block_ids but 1 keys"):
+    with pytest.raises(ValueError, match="1 keys but 2 block_ids"):
         t.store(1, [0, 1], [key(0)])
     assert t.get_finished() == []
     t.store(1, [0], [key(0)])

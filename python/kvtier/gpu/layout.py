@@ -45,6 +45,12 @@ def tensor_runs(tensor: Any, block_dim: int, index: int) -> TensorRuns:
     strides = list(tensor.stride())
     if any(s < 0 for s in strides):
         raise ValueError(f"{where} has negative strides; make it contiguous first")
+    if any(s == 0 and n > 1 for n, s in zip(shape, strides)):
+        # An expanded tensor: a load would write several blocks (or bytes) into one place.
+        raise ValueError(
+            f"{where} has a dimension of stride 0 (shape {tuple(tensor.shape)}, strides "
+            f"{tuple(tensor.stride())}): its elements share memory; make it contiguous first"
+        )
     itemsize = tensor.element_size()
     num_blocks = shape.pop(block_dim)
     block_stride = strides.pop(block_dim) * itemsize

@@ -16,10 +16,13 @@ from kvtier import _core
 from kvtier._rate_limited_log import RateLimitedLog
 from kvtier.gpu.layout import describe_kv_caches
 from kvtier.gpu.options import GPUTransferOptions
+from kvtier.gpu.writable import read_only_tensor
 from kvtier.tiering.base import JobId, JobResult, OffloadKey
 from kvtier.tiering.fs.engine import open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper
+from kvtier.tiering.fs.oserror import naming
 from kvtier.tiering.spec import OffloadingSpec
+from kvtier.tiering.validation import check_block_ids, check_job_id, check_keys
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +53,6 @@ class GPUStorageTransfer:
     ) -> None:
         self.options = GPUTransferOptions.parse({"root_dir": root_dir, **options})
         opts = self.options
-        # The tensors stay referenced: the engine holds raw addresses into them.
         self.kv_caches = list(kv_caches)
         described = describe_kv_caches(self.kv_caches, block_dim)
         devices = {str(t.device) for t in self.kv_caches}
@@ -71,9 +73,12 @@ class GPUStorageTransfer:
         )
         self.block_bytes: int = self.layout.payload_length
         self.num_blocks: int = self.layout.num_blocks
+        # Checked once here, as the fs tier checks its view: stores still work.
+        self._read_only = None if self._on_gpu else read_only_tensor(described)
 
         self.file_mapper = FileMapper(opts.root_dir, offloading_spec, self.block_bytes)
-        self.file_mapper.prepare(opts.file_mode)
+        with naming(self.file_mapper.config_path):
+            self.file_mapper.prepare(opts.file_mode)
         self._engine = open_engine(
             self.file_mapper,
             opts,
@@ -81,6 +86,9 @@ class GPUStorageTransfer:
             use_cuda=self._on_gpu,
             cuda_device=self.device.index if self._on_gpu and self.device.index is not None else -1,
         )
+        # The engine holds the tensors: their memory stays allocated until its workers have
+        # stopped, whatever order this object is torn down in.
+        self._engine.keep_alive(self.kv_caches)
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
         self._failure_log = RateLimitedLog(logger)
         self._lock = threading.Lock()
@@ -93,21 +101,18 @@ class GPUStorageTransfer:
 
     def load(self, job_id: JobId, block_ids: Sequence[int], keys: Sequence[OffloadKey]) -> None:
         """Read ``keys`` into blocks ``block_ids``; returns at once. A block is usable once
-        its job is reported by get_finished() (the copies have completed by then)."""
+        its job is reported by get_finished() (the copies have completed by then). Raises
+        ValueError when the tensors lie in read-only memory."""
+        if self._read_only is not None:
+            raise ValueError(f"GPUStorageTransfer cannot load: {self._read_only}")
         self._submit(job_id, block_ids, keys, _core.Direction.LOAD)
 
     def _submit(
         self, job_id: JobId, block_ids: Sequence[int], keys: Sequence[OffloadKey], direction: Any
     ) -> None:
-        ids = [int(b) for b in block_ids]
-        keys = tuple(bytes(k) for k in keys)
-        if len(ids) != len(keys):
-            raise ValueError(f"job {job_id}: {len(ids)} block_ids but {len(keys)} keys")
-        bad = [b for b in ids if not 0 <= b < self.num_blocks]
-        if bad:
-            raise ValueError(
-                f"job {job_id}: block ids {bad[:5]} out of range [0, {self.num_blocks})"
-            )
+        job_id = check_job_id(job_id)
+        keys = check_keys(job_id, keys)
+        ids = check_block_ids(job_id, block_ids, len(keys), self.num_blocks)
         paths = [self.file_mapper.get_file_name(k) for k in keys]
         stream = 0
         if self._on_gpu and direction == _core.Direction.STORE:
@@ -115,8 +120,12 @@ class GPUStorageTransfer:
 
             stream = torch.cuda.current_stream(self.device).cuda_stream
         with self._lock:
+            # Entries leave _keys only when get_finished() hands the result out.
             if job_id in self._keys:
-                raise ValueError(f"job id {job_id} is already in flight")
+                raise ValueError(
+                    f"Job {job_id} is already in flight (or finished and not yet returned by "
+                    "get_finished()); job ids must be unique until reported"
+                )
             self._keys[job_id] = keys
         try:
             self._engine.submit_blocks(
@@ -138,7 +147,7 @@ class GPUStorageTransfer:
             if not c.success and c.direction == _core.Direction.LOAD:
                 successful = [k for k, e in zip(keys, c.block_errnos) if e == 0]
             if not c.success:
-                self._failure_log.warning("Job %s block I/O failed: %s", c.job_id, c.error)
+                self._failure_log.error("Job %s block I/O failed: %s", c.job_id, c.error)
             results.append(
                 JobResult(
                     c.job_id,

@@ -9,9 +9,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NewType
+from typing import TYPE_CHECKING, Any, NewType, cast
 
 import numpy as np
+
+from kvtier.tiering.validation import check_block_ids, check_job_id, check_keys
 
 if TYPE_CHECKING:
     from kvtier.tiering.spec import OffloadingSpec
@@ -114,6 +116,15 @@ class SecondaryTierManager(ABC):
             raise ValueError(
                 f"primary_kv_view rows must be at least one byte, got {self._block_size_bytes}"
             )
+        # A single row counts as C-contiguous whatever strides[0] says (e.g. a slice of a
+        # memoryview with a step): rows must tile the view exactly, or a block would reach
+        # past its end.
+        if self._block_size_bytes * self._num_blocks != primary_kv_view.nbytes:
+            raise ValueError(
+                "primary_kv_view must be C-contiguous with rows of strides[0] bytes: got "
+                f"shape {primary_kv_view.shape}, strides {primary_kv_view.strides} "
+                f"({primary_kv_view.nbytes} bytes); pass a contiguous view"
+            )
 
     @property
     def offloading_spec(self) -> OffloadingSpec:
@@ -162,21 +173,13 @@ class SecondaryTierManager(ABC):
         """Stop: running operations finish, queued ones fail; idempotent."""
         return
 
-    def _check_job(self, job: JobMetadata) -> list[int]:
-        """Validate a job's slots synchronously; returns them as Python ints."""
-        ids = np.asarray(job.block_ids).reshape(-1)
-        if ids.size and ids.dtype.kind not in "iu":
-            raise ValueError(f"Job {job.job_id}: block_ids must be integers, got {ids.dtype}")
-        if ids.size != len(job.keys):
-            raise ValueError(f"Job {job.job_id}: {len(job.keys)} keys but {ids.size} block_ids")
-        # Vectorised range check: jobs carry hundreds of ids and this runs on the caller's thread.
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self._num_blocks):
-            bad = next(int(b) for b in ids if not 0 <= b < self._num_blocks)
-            raise ValueError(
-                f"Job {job.job_id}: block id {bad} is outside the primary tier "
-                f"[0, {self._num_blocks})"
-            )
-        return [int(b) for b in ids.tolist()]
+    def _check_job(self, job: JobMetadata) -> tuple[JobId, tuple[OffloadKey, ...], list[int]]:
+        """Validate a job synchronously (see :mod:`kvtier.tiering.validation`): its id, its
+        keys as immutable bytes and its slots as Python ints."""
+        job_id = check_job_id(job.job_id)
+        keys = check_keys(job_id, job.keys)
+        ids = check_block_ids(job_id, job.block_ids, len(keys), self._num_blocks)
+        return job_id, cast("tuple[OffloadKey, ...]", keys), ids
 
 
 __all__ = [

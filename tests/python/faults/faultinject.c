@@ -19,6 +19,9 @@
  *   KVTIER_FAULT_SHORT  instead of failing pwrite/pread, transfer at most this many bytes
  *                       per call (a short write/read the caller must continue)
  *   KVTIER_FAULT_TIMES  inject at most this many times (default: every time)
+ *   KVTIER_FAULT_GATE   a path: each injection first waits until it exists (with
+ *                       KVTIER_FAULT_ERRNO=0 the call then proceeds), so a test can hold a
+ *                       block operation in flight for as long as it needs
  *
  * Each injection writes one line "kvtier-fault: <call> <path>" to stderr, so a test can
  * check that the fault it asked for really fired.
@@ -38,6 +41,7 @@
 #include <sys/types.h>
 #include <time.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_IOV 1024
@@ -90,6 +94,9 @@ static int claim(const char* call, const char* path) {
     ssize_t ignored = write(2, line, (size_t)len < sizeof(line) ? (size_t)len : sizeof(line) - 1);
     (void)ignored;
   }
+  const char* gate = getenv("KVTIER_FAULT_GATE");
+  const struct timespec tick = {0, 1000000};
+  while (gate && *gate && access(gate, F_OK) != 0) nanosleep(&tick, NULL);
   return fault_errno() != 0 || short_limit() > 0;
 }
 

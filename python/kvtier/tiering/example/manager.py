@@ -60,14 +60,14 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
             return key in self._blocks
 
     def submit_store(self, job: JobMetadata) -> None:
-        block_ids = self._check_job(job)
+        job_id, keys, block_ids = self._check_job(job)
         with self._lock:
             self._check_open()
-            for key, block_id in zip(job.keys, block_ids):
+            for key, block_id in zip(keys, block_ids):
                 self._blocks[key] = bytes(self._row(block_id))
             self._finished.append(
                 JobResult(
-                    job.job_id,
+                    job_id,
                     True,
                     transfer_bytes=len(block_ids) * self._block_size_bytes,
                     transfer_time=0.0,
@@ -75,12 +75,12 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
             )
 
     def submit_load(self, job: JobMetadata) -> None:
-        block_ids = self._check_job(job)
+        job_id, keys, block_ids = self._check_job(job)
         with self._lock:
             self._check_open()
             arrived: list[OffloadKey] = []
             missing: list[OffloadKey] = []
-            for key, block_id in zip(job.keys, block_ids):
+            for key, block_id in zip(keys, block_ids):
                 data = self._blocks.get(key)
                 if data is None:
                     missing.append(key)
@@ -90,10 +90,10 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
             nbytes = len(arrived) * self._block_size_bytes
             if missing:
                 error = f"{len(missing)} of {len(block_ids)} keys not present in the tier"
-                logger.warning("Job %s block I/O failed: %s", job.job_id, error)
-                result = JobResult(job.job_id, False, arrived, nbytes, 0.0, error)
+                logger.error("Job %s block I/O failed: %s", job_id, error)
+                result = JobResult(job_id, False, arrived, nbytes, 0.0, error)
             else:
-                result = JobResult(job.job_id, True, transfer_bytes=nbytes, transfer_time=0.0)
+                result = JobResult(job_id, True, transfer_bytes=nbytes, transfer_time=0.0)
             self._finished.append(result)
 
     def get_finished(self) -> list[JobResult]:

@@ -31,6 +31,7 @@ from kvtier.tiering.fs.engine import open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper, host_label
 from kvtier.tiering.fs.lookup import LookupCache
 from kvtier.tiering.fs.options import FsTierOptions
+from kvtier.tiering.fs.oserror import naming
 from kvtier.tiering.fs.sweep import sweep_dead_tmp_files
 from kvtier.tiering.spec import OffloadingSpec
 
@@ -74,7 +75,8 @@ class FileSystemTierManager(SecondaryTierManager):
             self._writable = False
 
         self.file_mapper = FileMapper(opts.root_dir, offloading_spec, self._block_size_bytes)
-        self.file_mapper.prepare(opts.file_mode)
+        with naming(self.file_mapper.config_path):
+            self.file_mapper.prepare(opts.file_mode)
         # Crashed writers of this host leave tmp files; nobody else will ever rename them.
         self._host = host_label()
         sweep_dead_tmp_files(
@@ -82,6 +84,10 @@ class FileSystemTierManager(SecondaryTierManager):
         )
 
         self._engine = open_engine(self.file_mapper, opts, f"secondary tier '{tier_type}'")
+        # The engine keeps its own view of the primary memory: it stays allocated until the
+        # workers have stopped, whatever order the tier is torn down in (and even if the
+        # caller releases primary_kv_view).
+        self._engine.keep_alive([memoryview(primary_kv_view)])
 
         self._lookups = LookupCache(
             self.file_mapper.get_file_name,
@@ -97,6 +103,9 @@ class FileSystemTierManager(SecondaryTierManager):
         self._lock = threading.Lock()
         self._consumer_lock = threading.Lock()
         self._jobs: dict[JobId, _Job] = {}
+        # Ids submitted and not yet handed out by get_finished(): reusing one would report
+        # two results that cannot be told apart.
+        self._unreported: set[JobId] = set()
         self._ready: list[JobResult] = []
         self._queued_stores = 0
         self._dropped_stores = 0
@@ -133,12 +142,15 @@ class FileSystemTierManager(SecondaryTierManager):
         self._submit(job, is_load=True)
 
     def _submit(self, job: JobMetadata, is_load: bool) -> None:
-        block_ids = self._check_job(job)
-        keys = tuple(job.keys)
+        job_id, keys, block_ids = self._check_job(job)
         with self._lock:
             self._check_open()
-            if job.job_id in self._jobs:
-                raise ValueError(f"Job {job.job_id} is already in flight")
+            if job_id in self._unreported:
+                raise ValueError(
+                    f"Job {job_id} is already in flight (or finished and not yet returned by "
+                    "get_finished()); job ids must be unique until reported"
+                )
+            self._unreported.add(job_id)
             if not is_load and self._queued_stores >= self.options.max_queued_store_jobs:
                 # Dropping is safe: a store that never happens is a later miss, never lost
                 # data, and it frees the primary slots instead of pinning them behind slow
@@ -149,21 +161,22 @@ class FileSystemTierManager(SecondaryTierManager):
                     f"queue full ({self._queued_stores} store jobs queued, "
                     f"max_queued_store_jobs={self.options.max_queued_store_jobs})"
                 )
-                self._ready.append(JobResult(job.job_id, False, None, 0, 0.0, error))
-                self._failure_log.warning("Job %s block I/O failed: %s", job.job_id, error)
+                self._ready.append(JobResult(job_id, False, None, 0, 0.0, error))
+                self._failure_log.error("Job %s block I/O failed: %s", job_id, error)
                 return
-            self._jobs[job.job_id] = _Job(is_load, keys)
+            self._jobs[job_id] = _Job(is_load, keys)
             if not is_load:
                 self._queued_stores += 1
         try:
             blocks = self._blocks(keys, block_ids)
             if is_load:
-                self._engine.submit_load(job.job_id, blocks)
+                self._engine.submit_load(job_id, blocks)
             else:
-                self._engine.submit_store(job.job_id, blocks)
+                self._engine.submit_store(job_id, blocks)
         except BaseException:
             with self._lock:
-                self._jobs.pop(job.job_id, None)
+                self._jobs.pop(job_id, None)
+                self._unreported.discard(job_id)
                 if not is_load:
                     self._queued_stores -= 1
             if self._engine.is_shut_down:
@@ -182,6 +195,7 @@ class FileSystemTierManager(SecondaryTierManager):
         self._collect()
         with self._lock:
             results, self._ready = self._ready, []
+            self._unreported.difference_update(r.job_id for r in results)
         return results
 
     def _collect(self) -> None:
@@ -208,7 +222,7 @@ class FileSystemTierManager(SecondaryTierManager):
             self._lookups.mark_absent(k for k, e in zip(keys, errnos) if e != 0)
         if c.success:
             return JobResult(c.job_id, True, None, c.bytes, c.seconds)
-        self._failure_log.warning("Job %s block I/O failed: %s", c.job_id, c.error)
+        self._failure_log.error("Job %s block I/O failed: %s", c.job_id, c.error)
         successful = ok_keys if job is not None and job.is_load else None
         return JobResult(c.job_id, False, successful, c.bytes, c.seconds, c.error)
 
