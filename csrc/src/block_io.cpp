@@ -388,8 +388,7 @@ ReadOutcome read_contiguous(const IoContext& ctx, WorkerContext& worker, int fd,
 // Segments: the header first (so a wrong file never reaches the segments), then the payload
 // through a staging buffer, piece by piece.
 ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
-                          const std::vector<Segment>& segments, bool want_crc,
-                          cuda::Event ready) {
+                          const std::vector<Segment>& segments, bool want_crc, cuda::Event ready) {
   ReadOutcome out;
   std::size_t got = 0;
   if (int e = preadv_full(fd, {{worker.header.data(), kHeaderSize}}, 0, got)) {

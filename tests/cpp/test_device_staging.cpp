@@ -378,8 +378,7 @@ KV_TEST(failed_stores_behind_a_busy_caller_stream_leave_nothing_behind) {
     Engine engine(device_config(dir, 0, 1, 1));
     fake.fail(copy, 1, 700);
     CHECK_EQ(fake.kernel(stream.get(), 20, kv.k_run(0), 1, 1), 0);
-    engine.submit(1, Direction::kStore, ops(dir, kv, {"k" + std::to_string(i)}, {1}),
-                  stream.get());
+    engine.submit(1, Direction::kStore, ops(dir, kv, {"k" + std::to_string(i)}, {1}), stream.get());
     const std::vector<Completion> done = kvtest::drain_and_pop(engine, 1);  // destroys the job
     CHECK(!done[0].success);
     engine.shutdown();
@@ -405,8 +404,7 @@ KV_TEST(concurrent_submitters_with_their_own_streams) {
           ++problems;
         const std::string name = "j" + std::to_string(j);
         engine.submit(2 * j, Direction::kStore, ops(dir, kv, {name}, {j}), stream.get());
-        engine.submit(2 * j + 1, Direction::kLoad, ops(dir, kv, {name}, {kJobs + j}),
-                      stream.get());
+        engine.submit(2 * j + 1, Direction::kLoad, ops(dir, kv, {name}, {kJobs + j}), stream.get());
       }
     });
   }
