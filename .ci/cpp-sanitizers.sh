@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the C++ unit tests under AddressSanitizer+UndefinedBehaviorSanitizer and under
 # ThreadSanitizer (each in its own build directory under a temporary directory) and runs
-# them with ctest. Any sanitizer report fails the run.
+# them with ctest. Any sanitizer report fails the run. The tests include the staged device
+# path (test_device_staging: SegmentCopier, pinned staging, stream events) against the CUDA
+# stand-in runtime (tests/cuda_standin/fake_cudart.cpp), which is built with the same
+# sanitizer and loaded by the core through $KVTIER_CUDART, as ctest's environment sets.
 #
 #   .ci/cpp-sanitizers.sh            # both
 #   .ci/cpp-sanitizers.sh thread     # only one: 'address,undefined' or 'thread'
@@ -56,5 +59,9 @@ for san in "${sanitizers[@]}"; do
   fi
   # ctest's own verdict (its exit status is lost in the pipe above).
   grep -q "100% tests passed" "$log" || status=1
+  # The device-path tests must have run, not been dropped from the build.
+  for t in test_device_staging test_device_staging_per_run; do
+    grep -qE "Test +#[0-9]+: $t \.+ +Passed" "$log" || { echo "=== $t did not run and pass" >&2; status=1; }
+  done
 done
 exit "$status"

@@ -339,8 +339,8 @@ PYBIND11_MODULE(_core, m) {
           "Queue a load of (path, key, address, length) blocks; returns at once.")
       .def("submit_blocks", &submit_blocks, "job_id"_a, "direction"_a, "paths"_a, "keys"_a,
            "block_ids"_a, "layout"_a, "cuda_stream"_a = 0,
-           "Queue a job over blocks of a BlockLayout; cuda_stream orders stores of device memory "
-           "after the work already queued on it.")
+           "Queue a job over blocks of a BlockLayout; cuda_stream orders the device copies of "
+           "stores and loads after the work already queued on it.")
       .def("pop_completions", &kvtier::Engine::pop_completions, "max"_a = 0,
            py::call_guard<py::gil_scoped_release>(), "Finished jobs; never blocks.")
       .def("drain", &kvtier::Engine::drain, py::call_guard<py::gil_scoped_release>())

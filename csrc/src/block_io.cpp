@@ -116,7 +116,8 @@ class SegmentCopier {
     return dsts_.empty() ? StepError{} : copy_device(to_staging);
   }
 
-  // Makes the worker's stream wait for the submitter's event (stores of device memory).
+  // Makes the worker's stream wait for the submitter's event (jobs over device memory): the
+  // copies queued after this start once the caller's stream has reached the event.
   StepError wait_for(cuda::Event ready) {
     if (ready == nullptr || ctx_.cuda == nullptr) return {};
     cuda::Stream stream = nullptr;
@@ -472,7 +473,7 @@ ReadOutcome read_contiguous(const IoContext& ctx, WorkerContext& worker, int fd,
 // Segments: the header first (so a wrong file never reaches the segments), then the payload
 // through a staging buffer, piece by piece.
 ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
-                          const std::vector<Segment>& segments, bool want_crc) {
+                          const std::vector<Segment>& segments, bool want_crc, cuda::Event ready) {
   ReadOutcome out;
   std::size_t got = 0;
   if (int e = preadv_full(fd, {{worker.header.data(), kHeaderSize}}, 0, got)) {
@@ -488,6 +489,10 @@ ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, c
   const std::size_t total = op.payload_length();
   auto lease = ctx.staging->acquire();  // outlives the copier (see write_segments)
   SegmentCopier copier(ctx, worker, segments);
+  if (StepError e = copier.wait_for(ready)) {
+    out.error = std::move(e);
+    return out;
+  }
   for (std::size_t done = 0; done < total; done += lease.size()) {
     const std::size_t n = std::min(lease.size(), total - done);
     const std::size_t padded = align_up(n);
@@ -509,7 +514,8 @@ ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, c
   return out;
 }
 
-BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op) {
+BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                            cuda::Event ready) {
   const EngineConfig& config = *ctx.config;
   BlockResult result;
   Location loc;
@@ -537,7 +543,7 @@ BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const B
   const bool want_crc = config.checksum == Checksum::kCrc32c;
   std::vector<Segment> scratch;
   const std::vector<Segment>* staged = staged_segments(op, direct, scratch);
-  ReadOutcome read = staged ? read_segments(ctx, worker, fd.get(), op, *staged, want_crc)
+  ReadOutcome read = staged ? read_segments(ctx, worker, fd.get(), op, *staged, want_crc, ready)
                             : read_contiguous(ctx, worker, fd.get(), direct, op, want_crc);
   if (read.error) {
     BlockResult r =
@@ -591,8 +597,9 @@ BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const Block
   return guarded(op, "store", [&] { return store_block_impl(ctx, worker, op, ready); });
 }
 
-BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op) noexcept {
-  return guarded(op, "load", [&] { return load_block_impl(ctx, worker, op); });
+BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                       cuda::Event ready) noexcept {
+  return guarded(op, "load", [&] { return load_block_impl(ctx, worker, op, ready); });
 }
 
 }  // namespace kvtier::detail

@@ -64,8 +64,10 @@ class WorkerContext {
 BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                         cuda::Event ready) noexcept;
 
-/// Reads and verifies one block file into the op's memory. Never throws. A file that fails
-/// verification is removed; the destination memory is then unspecified.
-BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op) noexcept;
+/// Reads and verifies one block file into the op's memory. `ready` (may be null) is an event
+/// recorded on the submitter's stream: device memory is written only after it. Never throws.
+/// A file that fails verification is removed; the destination memory is then unspecified.
+BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                       cuda::Event ready) noexcept;
 
 }  // namespace kvtier::detail

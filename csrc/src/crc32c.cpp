@@ -6,6 +6,10 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <nmmintrin.h>
+#elif defined(__aarch64__)
+#include <arm_acle.h>
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
 #endif
 
 namespace kvtier {
@@ -67,50 +71,75 @@ struct ZeroAdvance {
   }
 };
 
+// The hardware path: the CPU's CRC32C instructions (SSE4.2 crc32 on x86-64, the ARMv8 CRC32
+// extension on aarch64), compiled for that feature only in these functions and chosen at run
+// time, so one binary runs on CPUs with and without it.
 #if defined(__x86_64__)
+#define KVTIER_CRC32C_TARGET __attribute__((target("sse4.2")))
+KVTIER_CRC32C_TARGET inline std::uint32_t crc_word(std::uint32_t c, std::uint64_t w) noexcept {
+  return static_cast<std::uint32_t>(_mm_crc32_u64(c, w));
+}
+KVTIER_CRC32C_TARGET inline std::uint32_t crc_byte(std::uint32_t c, unsigned char b) noexcept {
+  return _mm_crc32_u8(c, b);
+}
+bool cpu_has_crc32c() noexcept {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  return (ecx & bit_SSE4_2) != 0;
+}
+#elif defined(__aarch64__)
+#define KVTIER_CRC32C_TARGET __attribute__((target("+crc")))
+KVTIER_CRC32C_TARGET inline std::uint32_t crc_word(std::uint32_t c, std::uint64_t w) noexcept {
+  return __crc32cd(c, w);
+}
+KVTIER_CRC32C_TARGET inline std::uint32_t crc_byte(std::uint32_t c, unsigned char b) noexcept {
+  return __crc32cb(c, b);
+}
+// The kernel reports the optional CRC32 extension (Graviton, Grace, Ampere and every ARMv8.1+
+// core have it) in the auxiliary vector; reading it needs no privileged instruction.
+bool cpu_has_crc32c() noexcept {
+  return (::getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
+}
+#endif
+
+#if defined(KVTIER_CRC32C_TARGET)
 // Bytes each of the three interleaved streams covers per round.
 constexpr std::size_t kLane = 4096;
 
-__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(const unsigned char* p, std::size_t n,
-                                                             std::uint32_t crc) noexcept {
-  // The crc32 instruction has a latency of 3 cycles but issues every cycle: three independent
-  // streams over adjacent lanes keep it busy (about 3x one stream), then are joined.
+KVTIER_CRC32C_TARGET std::uint32_t crc32c_hardware(const unsigned char* p, std::size_t n,
+                                                   std::uint32_t crc) noexcept {
+  // A crc32 instruction has a latency of 2-3 cycles but issues every cycle (x86-64 and ARM
+  // server cores alike): three independent streams over adjacent lanes keep it busy (about 3x
+  // one stream), then are joined.
   static const ZeroAdvance by_lane(kLane), by_two_lanes(2 * kLane);
-  std::uint64_t c = crc;
+  std::uint32_t c = crc;
   while (n >= 3 * kLane) {
-    std::uint64_t c1 = 0, c2 = 0;
+    std::uint32_t c1 = 0, c2 = 0;
     for (std::size_t i = 0; i < kLane; i += 8) {
       std::uint64_t w0, w1, w2;
       std::memcpy(&w0, p + i, 8);
       std::memcpy(&w1, p + kLane + i, 8);
       std::memcpy(&w2, p + 2 * kLane + i, 8);
-      c = _mm_crc32_u64(c, w0);
-      c1 = _mm_crc32_u64(c1, w1);
-      c2 = _mm_crc32_u64(c2, w2);
+      c = crc_word(c, w0);
+      c1 = crc_word(c1, w1);
+      c2 = crc_word(c2, w2);
     }
-    c = by_two_lanes(static_cast<std::uint32_t>(c)) ^ by_lane(static_cast<std::uint32_t>(c1)) ^
-        static_cast<std::uint32_t>(c2);
+    c = by_two_lanes(c) ^ by_lane(c1) ^ c2;
     p += 3 * kLane;
     n -= 3 * kLane;
   }
   while (n >= 8) {
     std::uint64_t word;
     std::memcpy(&word, p, 8);
-    c = _mm_crc32_u64(c, word);
+    c = crc_word(c, word);
     p += 8;
     n -= 8;
   }
-  auto c32 = static_cast<std::uint32_t>(c);
-  while (n--) c32 = _mm_crc32_u8(c32, *p++);
-  return c32;
+  while (n--) c = crc_byte(c, *p++);
+  return c;
 }
 
-bool cpu_has_sse42() noexcept {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
-  return (ecx & bit_SSE4_2) != 0;
-}
-const bool kHardware = cpu_has_sse42();
+const bool kHardware = cpu_has_crc32c();
 #else
 const bool kHardware = false;
 #endif
@@ -120,8 +149,8 @@ const bool kHardware = false;
 std::uint32_t crc32c(const void* data, std::size_t length, std::uint32_t crc) noexcept {
   const auto* p = static_cast<const unsigned char*>(data);
   crc = ~crc;
-#if defined(__x86_64__)
-  if (kHardware) return ~crc32c_sse42(p, length, crc);
+#if defined(KVTIER_CRC32C_TARGET)
+  if (kHardware) return ~crc32c_hardware(p, length, crc);
 #endif
   return ~crc32c_software(p, length, crc);
 }

@@ -25,7 +25,7 @@ static_assert(cuda::kDeviceToHost == cudaMemcpyDeviceToHost);
 static_assert(cuda::kHostToDevice == cudaMemcpyHostToDevice);
 static_assert(cuda::kStreamNonBlocking == cudaStreamNonBlocking);
 static_assert(cuda::kEventDisableTiming == cudaEventDisableTiming);
-static_assert(cuda::kHostRegisterDefault == cudaHostRegisterDefault);
+static_assert(cuda::kHostRegisterPortable == cudaHostRegisterPortable);
 
 #define KVTIER_CUDA_CHECK(name, params)                             \
   static_assert(std::is_same_v<decltype(&::name), Error(*) params>, \

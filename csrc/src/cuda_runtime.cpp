@@ -104,4 +104,33 @@ std::string describe(const Api& api, Error error) {
   return out;
 }
 
+DeviceScope::DeviceScope(const Api& api, int device) noexcept : api_(api) {
+  int current = -1;
+  if ((error_ = api_.cudaGetDevice(&current)) != kSuccess) return;
+  if (current == device) return;
+  if ((error_ = api_.cudaSetDevice(device)) != kSuccess) return;
+  previous_ = current;
+}
+
+DeviceScope::~DeviceScope() {
+  // Restoring a device that was valid a moment ago does not fail in practice; if it did,
+  // there would be no one to tell, so the sticky error is cleared instead of left behind.
+  if (previous_ >= 0 && api_.cudaSetDevice(previous_) != kSuccess) api_.cudaGetLastError();
+}
+
+Error record_event_on(const Api& api, int device, Stream stream, Event& out) noexcept {
+  out = nullptr;
+  DeviceScope scope(api, device);
+  if (scope.error() != kSuccess) return scope.error();
+  Event event = nullptr;
+  Error e = api.cudaEventCreateWithFlags(&event, kEventDisableTiming);
+  if (e != kSuccess) return e;
+  if ((e = api.cudaEventRecord(event, stream)) != kSuccess) {
+    api.cudaEventDestroy(event);
+    return e;
+  }
+  out = event;
+  return kSuccess;
+}
+
 }  // namespace kvtier::detail::cuda

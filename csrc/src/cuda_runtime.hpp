@@ -22,7 +22,7 @@ inline constexpr MemcpyKind kDeviceToHost = 2;
 inline constexpr MemcpyKind kHostToDevice = 1;
 inline constexpr unsigned kStreamNonBlocking = 0x01;
 inline constexpr unsigned kEventDisableTiming = 0x02;
-inline constexpr unsigned kHostRegisterDefault = 0x00;
+inline constexpr unsigned kHostRegisterPortable = 0x01;
 
 /// Layout-compatible with struct cudaMemcpyAttributes (CUDA 12.8+).
 struct MemcpyAttributes {
@@ -84,5 +84,29 @@ const std::string& unavailable_reason() noexcept;
 
 /// "cudaErrorInvalidValue: invalid argument" for an error code.
 std::string describe(const Api& api, Error error);
+
+/// Makes `device` the calling thread's current device until destroyed, then restores the
+/// device that was current before. The runtime keeps the current device per thread, and
+/// events, streams and the legacy default stream belong to the device current when they are
+/// made or named: a caller thread whose current device is another GPU must not see kvtier's
+/// choice leak out. Never throws; error() says whether the switch failed.
+class DeviceScope {
+ public:
+  DeviceScope(const Api& api, int device) noexcept;
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  Error error() const noexcept { return error_; }
+
+ private:
+  const Api& api_;
+  int previous_ = -1;  // -1: nothing to restore
+  Error error_ = kSuccess;
+};
+
+/// Creates an event on `device` and records it on `stream` (nullptr: the legacy default
+/// stream of `device`), leaving the calling thread's current device as it was. Returns
+/// kSuccess with `out` set, or the CUDA error with `out` null (nothing to destroy).
+Error record_event_on(const Api& api, int device, Stream stream, Event& out) noexcept;
 
 }  // namespace kvtier::detail::cuda

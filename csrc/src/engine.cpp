@@ -106,7 +106,7 @@ struct Job {
   std::vector<ParkedLoad> parking;
   // Popped but not yet delivered (a conversion threw); guarded by Impl::consumer_mutex.
   Job* undelivered_next = nullptr;
-  // Recorded on the submitter's stream for stores of device memory; destroyed with the job.
+  // Recorded on the submitter's stream for jobs over device memory; destroyed with the job.
   detail::cuda::Event ready = nullptr;
   const detail::cuda::Api* cuda = nullptr;
 
@@ -374,7 +374,7 @@ struct Engine::Impl {
       (is_load ? running_loads : running_stores)++;
       lock.unlock();
       const BlockOp& op = task.job->blocks[task.index];
-      detail::BlockResult result = is_load ? detail::load_block(io, worker, op)
+      detail::BlockResult result = is_load ? detail::load_block(io, worker, op, task.job->ready)
                                            : detail::store_block(io, worker, op, task.job->ready);
       lock.lock();
       (is_load ? running_loads : running_stores)--;
@@ -549,15 +549,15 @@ void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> bloc
   job->block_errnos.assign(job->blocks.size(), 0);
   job->remaining.store(job->blocks.size(), std::memory_order_relaxed);
   job->submitted = Clock::now();
-  if (any_device && direction == Direction::kStore) {
-    // Stores of device memory must see everything already queued on the caller's stream
-    // (e.g. the kernel that wrote the block): the workers wait on this event before copying.
+  if (any_device) {
+    // Device copies are ordered after everything already queued on the caller's stream: a
+    // store must see the kernel that wrote the block, a load must not overwrite a block that
+    // queued kernels still read. The workers wait on this event before copying. It is made
+    // on the engine's device, whichever device the calling thread has current.
     const auto& api = *s.cuda;
     job->cuda = s.cuda;
-    detail::cuda::Error e =
-        api.cudaEventCreateWithFlags(&job->ready, detail::cuda::kEventDisableTiming);
-    if (e == detail::cuda::kSuccess)
-      e = api.cudaEventRecord(job->ready, static_cast<detail::cuda::Stream>(cuda_stream));
+    const detail::cuda::Error e = detail::cuda::record_event_on(
+        api, s.config.cuda_device, static_cast<detail::cuda::Stream>(cuda_stream), job->ready);
     if (e != detail::cuda::kSuccess) {
       api.cudaGetLastError();
       throw std::runtime_error("cannot record the submitting stream's event: " +

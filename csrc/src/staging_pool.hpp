@@ -62,9 +62,10 @@ class StagingPool {
     try {
       AlignedBuffer buffer(buffer_size_);
       // Unpinned memory still works (the runtime stages it itself), only slower, so a failed
-      // registration is not an error.
+      // registration is not an error. Portable: pinned for every device, not only the one
+      // current on the worker thread that happens to allocate the buffer.
       if (cuda_ != nullptr &&
-          cuda_->cudaHostRegister(buffer.data(), buffer.size(), cuda::kHostRegisterDefault) ==
+          cuda_->cudaHostRegister(buffer.data(), buffer.size(), cuda::kHostRegisterPortable) ==
               cuda::kSuccess) {
         std::lock_guard relock(mutex_);
         pinned_.push_back(buffer.data());

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import platform
 import shutil
 import signal
 import sys
@@ -279,7 +280,7 @@ def _info(args: argparse.Namespace) -> int:
         ("kvtier", kvtier.__version__),
         ("native core", _core.__file__),
         ("block format version", str(_core.FORMAT_VERSION)),
-        ("crc32c", "hardware (SSE4.2)" if _core.crc32c_is_hardware() else "software"),
+        ("crc32c", _crc32c_path(_core.crc32c_is_hardware())),
         ("GPU path", gpu_text),
         ("CUDA", cuda_text),
         (
@@ -295,6 +296,14 @@ def _info(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"{key.ljust(width)}  {value}")
     return 0
+
+
+def _crc32c_path(hardware: bool) -> str:
+    """Which CRC32C implementation the native core picked on this CPU."""
+    if not hardware:
+        return "software"
+    instructions = {"x86_64": "SSE4.2", "aarch64": "ARMv8 CRC32"}.get(platform.machine())
+    return f"hardware ({instructions})" if instructions else "hardware"
 
 
 def _found(module: str) -> str:

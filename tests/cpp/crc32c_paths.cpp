@@ -23,8 +23,8 @@ bool crc32c_hardware_path_available() noexcept {
 
 std::uint32_t crc32c_hardware_path(const void* data, std::size_t length,
                                    std::uint32_t crc) noexcept {
-#if defined(__x86_64__)
-  if (kHardware) return ~crc32c_sse42(static_cast<const unsigned char*>(data), length, ~crc);
+#if defined(KVTIER_CRC32C_TARGET)
+  if (kHardware) return ~crc32c_hardware(static_cast<const unsigned char*>(data), length, ~crc);
 #endif
   (void)data;
   (void)length;

@@ -2,7 +2,17 @@
 // kvtier loads it through the same run-time loader as the real libcudart (KVTIER_CUDART).
 // "Device memory" is host memory; streams are host threads that run their queued work in
 // order; events complete when their stream reaches them; copies are memcpy. Tests steer it
-// through the kvtier_fake_* functions (ctypes): fault injection, call counts, fake kernels.
+// through the kvtier_fake_* functions (ctypes, dlsym): fault injection, call counts, fake
+// kernels.
+//
+// Devices: $KVTIER_FAKE_CUDA_DEVICES of them (default 1). As in the real runtime, the current
+// device is per thread (0 until cudaSetDevice), streams and events belong to the device that
+// was current when they were created, the legacy default stream (a null stream) is the current
+// device's own, and cudaEventRecord fails with cudaErrorInvalidResourceHandle when the event
+// and the stream belong to different devices (cudaStreamWaitEvent across devices is allowed).
+// Host memory is pinned for the device current at cudaHostRegister, or for all of them with
+// cudaHostRegisterPortable; kvtier_fake_pageable_copies() counts copies on a stream whose
+// host side is not pinned for the stream's device (slow on a real GPU, correct here).
 #include <unistd.h>
 
 #include <atomic>
@@ -22,10 +32,12 @@ namespace {
 
 constexpr int kSuccess = 0;
 constexpr int kErrorInvalidValue = 1;
+constexpr int kErrorInvalidResourceHandle = 400;
+constexpr unsigned kHostRegisterPortable = 0x01;
 
 class FakeStream {
  public:
-  FakeStream() : thread_([this] { run(); }) {}
+  explicit FakeStream(int device) : device_(device), thread_([this] { run(); }) {}
   ~FakeStream() {
     {
       std::lock_guard lock(mutex_);
@@ -45,6 +57,7 @@ class FakeStream {
     std::unique_lock lock(mutex_);
     idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
   }
+  int device() const noexcept { return device_; }
 
  private:
   void run() {
@@ -66,10 +79,13 @@ class FakeStream {
   std::condition_variable cv_, idle_cv_;
   std::deque<std::function<void()>> queue_;
   bool busy_ = false, stop_ = false;
-  std::thread thread_;
+  const int device_;
+  std::thread thread_;  // last: starts once everything above is initialised
 };
 
 struct FakeEvent {
+  explicit FakeEvent(int d) : device(d) {}
+  const int device;
   std::mutex mutex;
   std::condition_variable cv;
   std::uint64_t recorded = 0, completed = 0;
@@ -79,15 +95,47 @@ std::mutex g_mutex;
 std::map<std::string, long> g_calls;
 std::map<std::string, std::pair<long, int>> g_faults;  // function -> (calls until fault, error)
 std::atomic<long> g_registered_bytes{0};
-std::map<void*, std::size_t> g_registered;
+struct Registration {
+  std::size_t length;
+  int device;  // -1: portable, pinned for every device
+};
+std::map<const char*, Registration> g_registered;  // by start address
+std::atomic<long> g_pageable_copies{0};
 thread_local int t_device = 0;
 
-FakeStream& legacy_stream() {
-  static FakeStream* stream = new FakeStream();  // lives as long as the process
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+int device_count() {
+  return env_int("KVTIER_FAKE_CUDA_DEVICES", 1);
+}
+
+FakeStream& legacy_stream(int device) {
+  static std::mutex mutex;
+  static std::map<int, FakeStream*> streams;  // live as long as the process, as in CUDA
+  std::lock_guard lock(mutex);
+  FakeStream*& stream = streams[device];
+  if (stream == nullptr) stream = new FakeStream(device);
   return *stream;
 }
 FakeStream& stream_of(void* s) {
-  return s ? *static_cast<FakeStream*>(s) : legacy_stream();
+  return s ? *static_cast<FakeStream*>(s) : legacy_stream(t_device);
+}
+
+bool pinned_for(const void* p, int device) {
+  const auto* c = static_cast<const char*>(p);
+  std::lock_guard lock(g_mutex);
+  auto it = g_registered.upper_bound(c);
+  if (it == g_registered.begin()) return false;
+  --it;
+  if (c >= it->first + it->second.length) return false;
+  return it->second.device < 0 || it->second.device == device;
+}
+// A copy of host memory that is not pinned for the stream's device: a real runtime stages it
+// through its own buffers (slow, synchronous); here it is only counted.
+void note_copy(const void* dst, const void* src, const FakeStream& stream) {
+  if (!pinned_for(dst, stream.device()) && !pinned_for(src, stream.device())) ++g_pageable_copies;
 }
 
 // Counts the call and returns the injected error, if one is due.
@@ -102,11 +150,6 @@ int enter(const char* function) {
   return error;
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::atoi(v) : fallback;
-}
-
 }  // namespace
 
 extern "C" {
@@ -117,7 +160,7 @@ int cudaRuntimeGetVersion(int* v) {
   return enter("cudaRuntimeGetVersion");
 }
 int cudaGetDeviceCount(int* n) {
-  *n = env_int("KVTIER_FAKE_CUDA_DEVICES", 1);
+  *n = device_count();
   return enter("cudaGetDeviceCount");
 }
 int cudaGetDevice(int* d) {
@@ -126,7 +169,7 @@ int cudaGetDevice(int* d) {
 }
 int cudaSetDevice(int d) {
   if (int e = enter("cudaSetDevice")) return e;
-  if (d < 0 || d >= env_int("KVTIER_FAKE_CUDA_DEVICES", 1)) return kErrorInvalidValue;
+  if (d < 0 || d >= device_count()) return kErrorInvalidValue;
   t_device = d;
   return kSuccess;
 }
@@ -136,7 +179,7 @@ int cudaDeviceGetPCIBusId(char* out, int len, int) {
 }
 int cudaStreamCreateWithFlags(void** s, unsigned) {
   if (int e = enter("cudaStreamCreateWithFlags")) return e;
-  *s = new FakeStream();
+  *s = new FakeStream(t_device);
   return kSuccess;
 }
 int cudaStreamDestroy(void* s) {
@@ -153,7 +196,7 @@ int cudaStreamSynchronize(void* s) {
 using EventRef = std::shared_ptr<FakeEvent>;
 int cudaEventCreateWithFlags(void** e, unsigned) {
   if (int err = enter("cudaEventCreateWithFlags")) return err;
-  *e = new EventRef(std::make_shared<FakeEvent>());
+  *e = new EventRef(std::make_shared<FakeEvent>(t_device));
   return kSuccess;
 }
 int cudaEventDestroy(void* e) {
@@ -163,12 +206,14 @@ int cudaEventDestroy(void* e) {
 int cudaEventRecord(void* e, void* s) {
   if (int err = enter("cudaEventRecord")) return err;
   EventRef ev = *static_cast<EventRef*>(e);
+  FakeStream& stream = stream_of(s);
+  if (stream.device() != ev->device) return kErrorInvalidResourceHandle;
   std::uint64_t generation;
   {
     std::lock_guard lock(ev->mutex);
     generation = ++ev->recorded;
   }
-  stream_of(s).enqueue([ev, generation] {
+  stream.enqueue([ev, generation] {
     std::lock_guard lock(ev->mutex);
     if (ev->completed < generation) ev->completed = generation;
     ev->cv.notify_all();
@@ -191,33 +236,37 @@ int cudaStreamWaitEvent(void* s, void* e, unsigned) {
 }
 int cudaMemcpyAsync(void* dst, const void* src, std::size_t n, int, void* s) {
   if (int e = enter("cudaMemcpyAsync")) return e;
-  stream_of(s).enqueue([=] { std::memcpy(dst, src, n); });
+  FakeStream& stream = stream_of(s);
+  note_copy(dst, src, stream);
+  stream.enqueue([=] { std::memcpy(dst, src, n); });
   return kSuccess;
 }
 int cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
                          std::size_t count, void*, std::size_t*, std::size_t, void* s) {
   if (int e = enter("cudaMemcpyBatchAsync")) return e;
+  FakeStream& stream = stream_of(s);
   for (std::size_t i = 0; i < count; ++i) {
     void* dst = dsts[i];
     const void* src = srcs[i];
     std::size_t n = sizes[i];
-    stream_of(s).enqueue([=] { std::memcpy(dst, src, n); });
+    note_copy(dst, src, stream);
+    stream.enqueue([=] { std::memcpy(dst, src, n); });
   }
   return kSuccess;
 }
-int cudaHostRegister(void* p, std::size_t n, unsigned) {
+int cudaHostRegister(void* p, std::size_t n, unsigned flags) {
   if (int e = enter("cudaHostRegister")) return e;
   std::lock_guard lock(g_mutex);
-  g_registered[p] = n;
+  g_registered[static_cast<const char*>(p)] = {n, (flags & kHostRegisterPortable) ? -1 : t_device};
   g_registered_bytes += static_cast<long>(n);
   return kSuccess;
 }
 int cudaHostUnregister(void* p) {
   if (int e = enter("cudaHostUnregister")) return e;
   std::lock_guard lock(g_mutex);
-  auto it = g_registered.find(p);
+  auto it = g_registered.find(static_cast<const char*>(p));
   if (it == g_registered.end()) return kErrorInvalidValue;
-  g_registered_bytes -= static_cast<long>(it->second);
+  g_registered_bytes -= static_cast<long>(it->second.length);
   g_registered.erase(it);
   return kSuccess;
 }
@@ -232,6 +281,8 @@ const char* cudaGetErrorName(int e) {
       return "cudaErrorInvalidValue";
     case 2:
       return "cudaErrorMemoryAllocation";
+    case 400:
+      return "cudaErrorInvalidResourceHandle";
     case 700:
       return "cudaErrorIllegalAddress";
     default:
@@ -246,6 +297,8 @@ const char* cudaGetErrorString(int e) {
       return "invalid argument";
     case 2:
       return "out of memory";
+    case 400:
+      return "invalid resource handle";
     case 700:
       return "an illegal memory access was encountered";
     default:
@@ -267,12 +320,30 @@ long kvtier_fake_calls(const char* function) {
 long kvtier_fake_registered_bytes() {
   return g_registered_bytes.load();
 }
+long kvtier_fake_pageable_copies() {
+  return g_pageable_copies.load();
+}
 /// A fake kernel on stream `s`: after `delay_ms`, fills `n` bytes at `dst` with `value`.
-void kvtier_fake_kernel(void* s, int delay_ms, void* dst, int value, std::size_t n) {
-  stream_of(s).enqueue([=] {
+/// Like a real launch, it fails when `s` belongs to a device other than the current one.
+int kvtier_fake_kernel(void* s, int delay_ms, void* dst, int value, std::size_t n) {
+  FakeStream& stream = stream_of(s);
+  if (stream.device() != t_device) return kErrorInvalidResourceHandle;
+  stream.enqueue([=] {
     ::usleep(static_cast<useconds_t>(delay_ms) * 1000);
     std::memset(dst, value, n);
   });
+  return kSuccess;
+}
+/// A fake kernel that reads device memory: after `delay_ms`, copies `n` bytes from `src` to
+/// `dst` (a snapshot of what the kernel saw).
+int kvtier_fake_read_kernel(void* s, int delay_ms, void* dst, const void* src, std::size_t n) {
+  FakeStream& stream = stream_of(s);
+  if (stream.device() != t_device) return kErrorInvalidResourceHandle;
+  stream.enqueue([=] {
+    ::usleep(static_cast<useconds_t>(delay_ms) * 1000);
+    std::memcpy(dst, src, n);
+  });
+  return kSuccess;
 }
 
 }  // extern "C"

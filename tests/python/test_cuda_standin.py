@@ -3,7 +3,9 @@
 
 In the stand-in, "device memory" is host memory, streams are host threads that run their work
 in order, events complete when their stream reaches them and copies are memcpy; tests inject
-errors into named functions and read call counts. kvtier loads the runtime once per process,
+errors into named functions and read call counts. It has as many devices as
+``KVTIER_FAKE_CUDA_DEVICES`` says, with the real runtime's per-thread current device and its
+refusal to record an event on another device's stream. kvtier loads the runtime once per process,
 so every configuration runs in a child process with ``KVTIER_CUDART`` set; the child prints
 its observations as JSON and the assertions are made here.
 """
@@ -58,10 +60,27 @@ lib.kvtier_fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_int]
 lib.kvtier_fake_calls.argtypes = [ctypes.c_char_p]
 lib.kvtier_fake_calls.restype = ctypes.c_long
 lib.kvtier_fake_registered_bytes.restype = ctypes.c_long
+lib.kvtier_fake_pageable_copies.restype = ctypes.c_long
 lib.kvtier_fake_kernel.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                    ctypes.c_size_t]
+lib.kvtier_fake_read_kernel.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                        ctypes.c_void_p, ctypes.c_size_t]
 lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
 lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+lib.cudaEventCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+lib.cudaEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+lib.cudaEventDestroy.argtypes = [ctypes.c_void_p]
+
+def current_device():
+    d = ctypes.c_int()
+    assert lib.cudaGetDevice(ctypes.byref(d)) == 0
+    return d.value
+
+def set_device(d):
+    assert lib.cudaSetDevice(d) == 0
+
+def kernel(stream, delay_ms, address, value, n):
+    assert lib.kvtier_fake_kernel(stream, delay_ms, address, value, n) == 0
 
 def calls(name):
     return lib.kvtier_fake_calls(name.encode())
@@ -296,7 +315,7 @@ def test_store_waits_for_the_kernel_queued_on_the_callers_stream(
         writes = [(a0, 1, 0x11, 300), (a0, 2, 0x22, 50), (a1, 2, 0x33, 50)]
         for a, b, value, delay in writes:
             for half in range(2):
-                lib.kvtier_fake_kernel(stream, delay, a[half, b].ctypes.data, value, a.shape[2])
+                kernel(stream, delay, a[half, b].ctypes.data, value, a.shape[2])
         e = engine()
         store = run(e, 1, STORE, ["b1", "b2"], [1, 2], layout, stream)
         expected = {{name: block(arrays, b).hex() for name, b in (("b1", 1), ("b2", 2))}}
@@ -319,10 +338,10 @@ def test_store_waits_for_the_kernel_queued_on_the_callers_stream(
     assert facts["b1"] == [0x11, 0x11, 0]
     assert facts["b2"] == [0x22, 0x22, 0x33, 0x33]
     created, recorded, destroyed, waited = facts["events"]
-    # One event per store job (none for loads), recorded on the caller's stream, waited on by
+    # One event per job (the store and the load), recorded on the caller's stream, waited on by
     # each block's worker, destroyed with the job.
-    assert (created, recorded, destroyed) == (1, 1, 1)
-    assert waited == 2
+    assert (created, recorded, destroyed) == (2, 2, 2)
+    assert waited == 4
 
 
 def test_loads_are_complete_when_reported(fake_cudart, tmp_path):
@@ -349,7 +368,152 @@ def test_loads_are_complete_when_reported(fake_cudart, tmp_path):
     """,
     )
     assert facts["mismatches"] == 0
-    assert facts["records"] == 0  # loads do not wait on the caller's stream
+    assert facts["records"] == 20  # each load is ordered after the caller's stream
+
+
+@pytest.mark.parametrize("caller_stream", ["created", "legacy"])
+def test_load_waits_for_kernels_still_reading_the_blocks(caller_stream, fake_cudart, tmp_path):
+    # Kernels queued on the caller's stream still read blocks 1 and 2 when loads into those
+    # blocks are submitted: the loads must not overwrite them before the kernels ran.
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        f"""
+        arrays = kv_pairs(2, 6, 3000, seed=9)
+        layout = pair_layout(arrays)
+        e = engine()
+        assert run(e, 1, STORE, ["s4", "s5"], [4, 5], layout).success
+        stored = {{b: block(arrays, b) for b in (4, 5)}}
+        old = {{b: block(arrays, b) for b in (1, 2)}}
+        stream = new_stream() if {caller_stream == "created"!r} else 0
+        # Each kernel sleeps, then copies what it reads of a block into a snapshot.
+        snapshots = {{}}
+        for b, delay in ((1, 300), (2, 50)):
+            for li, a in enumerate(arrays):
+                for half in range(2):
+                    snap = np.empty(a.shape[2], dtype=np.uint8)
+                    snapshots[(b, li, half)] = snap
+                    assert lib.kvtier_fake_read_kernel(stream, delay, snap.ctypes.data,
+                                                       a[half, b].ctypes.data, a.shape[2]) == 0
+        load = run(e, 2, LOAD, ["s4", "s5"], [1, 2], layout, stream)
+        seen = {{b: b"".join(snapshots[(b, li, h)].tobytes() for li in range(2) for h in range(2))
+                 for b in (1, 2)}}
+        emit(load=summary(load), kernels_saw_old=[seen[b] == old[b] for b in (1, 2)],
+             loaded=[block(arrays, 1) == stored[4], block(arrays, 2) == stored[5]])
+        e.shutdown()
+    """,
+    )
+    assert facts["load"]["success"], facts["load"]["error"]
+    assert facts["kernels_saw_old"] == [True, True], "a load overwrote a block a kernel still read"
+    assert facts["loaded"] == [True, True]
+
+
+# ---- several devices ------------------------------------------------------------------------
+
+
+def test_standin_refuses_an_event_recorded_on_another_devices_stream(fake_cudart, tmp_path):
+    # What the multi-device tests below rely on: the stand-in, like the real runtime, refuses
+    # to record an event of one device on a stream (or the legacy stream) of another.
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        """
+        ev = ctypes.c_void_p()
+        assert lib.cudaEventCreateWithFlags(ctypes.byref(ev), 2) == 0  # on device 0
+        set_device(1)
+        other = new_stream()
+        legacy_of_1 = lib.cudaEventRecord(ev, 0)
+        set_device(0)
+        emit(other=lib.cudaEventRecord(ev, other), legacy_of_1=legacy_of_1,
+             own=lib.cudaEventRecord(ev, 0), kernel_elsewhere=lib.kvtier_fake_kernel(
+                 other, 0, None, 0, 0))
+        lib.cudaEventDestroy(ev)
+    """,
+        KVTIER_FAKE_CUDA_DEVICES="2",
+    )
+    assert facts == {"other": 400, "legacy_of_1": 400, "own": 0, "kernel_elsewhere": 400}
+
+
+@pytest.mark.parametrize("caller_stream", ["created", "legacy"])
+def test_jobs_on_a_second_device_from_a_thread_on_the_first(caller_stream, fake_cudart, tmp_path):
+    """The engine moves device 1's memory; the submitting thread has device 0 current (as a
+    process driving several GPUs from one thread does). The job's event must be made on
+    device 1 and recorded on the caller's stream of device 1 (a created stream, or device 1's
+    legacy stream for a null one), and the thread's current device must stay 0."""
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        f"""
+        arrays = kv_pairs(2, 6, 3000, seed=10)
+        for a in arrays:
+            a[:] = 0
+        layout = pair_layout(arrays)
+        e = engine(cuda_device=1)
+        set_device(1)
+        stream = new_stream() if {caller_stream == "created"!r} else 0
+        # Kernels on device 1's stream write block 1; a store submitted at once must see them.
+        for a in arrays:
+            for half in range(2):
+                kernel(stream, 200, a[half, 1].ctypes.data, 0x5A, a.shape[2])
+        set_device(0)
+        errors, results = {{}}, {{}}
+        try:
+            results["store"] = run(e, 1, STORE, ["k"], [1], layout, stream)
+        except Exception as exc:
+            errors["store"] = f"{{type(exc).__name__}}: {{exc}}"
+        device_after_store = current_device()
+        stored = block(arrays, 1)
+        set_device(1)
+        snap = np.empty(arrays[0].shape[2], dtype=np.uint8)
+        assert lib.kvtier_fake_read_kernel(stream, 200, snap.ctypes.data,
+                                           arrays[0][0, 3].ctypes.data, snap.size) == 0
+        set_device(0)
+        try:
+            results["load"] = run(e, 2, LOAD, ["k"], [3], layout, stream)
+        except Exception as exc:
+            errors["load"] = f"{{type(exc).__name__}}: {{exc}}"
+        emit(errors=errors, results={{k: summary(v) for k, v in results.items()}},
+             device_after_store=device_after_store, device_after_load=current_device(),
+             stored_kernel_bytes=stored == bytes([0x5A]) * layout.payload_length,
+             loaded=block(arrays, 3) == stored, kernel_saw_old=not snap.any())
+        e.shutdown()
+    """,
+        KVTIER_FAKE_CUDA_DEVICES="2",
+    )
+    assert facts["errors"] == {}
+    for name in ("store", "load"):
+        assert facts["results"][name]["success"], facts["results"][name]["error"]
+    assert facts["stored_kernel_bytes"], "the store did not wait for device 1's stream"
+    assert facts["loaded"]
+    assert facts["kernel_saw_old"], "the load did not wait for device 1's stream"
+    assert facts["device_after_store"] == facts["device_after_load"] == 0
+
+
+@pytest.mark.parametrize("devices", ["1", "2"])
+def test_staging_is_pinned_for_the_engines_device(devices, fake_cudart, tmp_path):
+    # Worker threads start with device 0 current; staging memory they pin must count as pinned
+    # for the engine's device, else every copy goes through the runtime's pageable path.
+    facts = run_child(
+        fake_cudart,
+        tmp_path,
+        f"""
+        arrays = kv_pairs(2, 8, 20000, seed=11)
+        layout = pair_layout(arrays)
+        e = engine(cuda_device={int(devices) - 1}, n_read_threads=2, n_write_threads=2)
+        names = [f"k{{b}}" for b in range(4)]
+        store = run(e, 1, STORE, names, [0, 1, 2, 3], layout)
+        load = run(e, 2, LOAD, names, [4, 5, 6, 7], layout)
+        emit(ok=store.success and load.success,
+             exact=[block(arrays, b) == block(arrays, b + 4) for b in range(4)],
+             copies=calls("cudaMemcpyBatchAsync") + calls("cudaMemcpyAsync"),
+             pageable=lib.kvtier_fake_pageable_copies())
+        e.shutdown()
+    """,
+        KVTIER_FAKE_CUDA_DEVICES=devices,
+    )
+    assert facts["ok"] and facts["exact"] == [True] * 4
+    assert facts["copies"] > 0
+    assert facts["pageable"] == 0
 
 
 # ---- copies ---------------------------------------------------------------------------------
@@ -460,6 +624,7 @@ def test_large_blocks_stream_through_small_staging_both_ways(version, fake_cudar
         ("cudaStreamSynchronize", "STORE", BATCH_VERSION, 2),
         ("cudaStreamSynchronize", "LOAD", BATCH_VERSION, 1),
         ("cudaStreamWaitEvent", "STORE", BATCH_VERSION, 1),
+        ("cudaStreamWaitEvent", "LOAD", BATCH_VERSION, 1),
         ("cudaStreamCreateWithFlags", "LOAD", BATCH_VERSION, 1),
     ],
     ids=lambda v: str(v),
@@ -484,8 +649,7 @@ def test_cuda_errors_fail_the_job_with_the_error_name(
         direction = {direction!r}
         def submit(job_id, name, block_id):
             d = STORE if direction == "STORE" else LOAD
-            e.submit_blocks(job_id, d, [path(name)], [name.encode()], [block_id], layout,
-                            stream if d == STORE else 0)
+            e.submit_blocks(job_id, d, [path(name)], [name.encode()], [block_id], layout, stream)
         # Job 3 follows on the same (only) worker: the fault was one-shot, so it must succeed.
         if direction == "STORE":
             submit(2, "broken", 1)
@@ -540,7 +704,7 @@ def test_failed_device_store_leaves_no_work_behind(fake_cudart, tmp_path):
             e = engine(n_read_threads=1, n_write_threads=1, staging_bytes_total=8192)
             fail("cudaMemcpyBatchAsync")
             if i % 2:  # the caller's stream is still busy when the job fails and is popped
-                lib.kvtier_fake_kernel(stream, 20, arrays[0].ctypes.data, 1, 1)
+                kernel(stream, 20, arrays[0].ctypes.data, 1, 1)
             e.submit_blocks(1, STORE, [path(f"k{i}")], [b"k"], [1], layout, stream)
             e.drain()
             failed += sum(not c.success for c in e.pop_completions())  # destroys the job

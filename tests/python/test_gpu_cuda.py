@@ -1,5 +1,6 @@
-"""GPUStorageTransfer on a real CUDA device: round trips from CUDA tensors, ordering after the
-caller's stream, interop with the fs tier, and a short bandwidth measurement (printed and,
+"""GPUStorageTransfer on a real CUDA device: round trips from CUDA tensors, ordering of stores
+and loads after the caller's stream, a second GPU driven from a thread on the first (where
+there are two), interop with the fs tier, and a short bandwidth measurement (printed and,
 with ``$KVTIER_GPU_RESULTS`` set, written there as JSON; never asserted).
 
 Run on a GPU machine by ``tests/gpu/run.sh``; everywhere else the module is skipped.
@@ -175,6 +176,53 @@ def test_store_right_after_a_kernel_sees_its_data(side_stream, make_transfer):
         for layer, x in enumerate(kv):
             got = x[i].float()
             assert bool((got == float(1 + i + 10 * layer)).all()), (i, layer, got.unique()[:8])
+
+
+@pytest.mark.parametrize("side_stream", [False, True], ids=["current-stream", "side-stream"])
+def test_load_waits_for_kernels_still_reading_the_blocks(side_stream, make_transfer):
+    kv = [torch.zeros((N, 256, 1024), dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+    t = make_transfer(kv)
+    for layer, x in enumerate(kv):
+        x[0].fill_(float(7 + layer))
+    t.store(1, [0], [key(0)])
+    assert wait(t, [1])[1].success
+    for x in kv:
+        x[3].fill_(-1.0)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream() if side_stream else None
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(200_000_000)  # the stream is busy (~0.1 s) before the kernel reads
+        seen = [x[3].clone() for x in kv]  # queued: reads block 3 after the sleep
+        t.load(2, [3], [key(0)])  # at once: the load must not overwrite block 3 before that
+    r = wait(t, [2])[2]
+    assert r.success, r.error
+    torch.cuda.synchronize()
+    for layer, (x, snap) in enumerate(zip(kv, seen, strict=True)):
+        assert bool((snap.float() == -1.0).all()), "the load overwrote a block still being read"
+        assert bool((x[3].float() == float(7 + layer)).all())
+
+
+def test_transfer_on_a_second_gpu_from_a_thread_on_the_first(make_transfer):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    torch.cuda.set_device(0)
+    kv = [torch.zeros((N, 64, 1024), dtype=torch.bfloat16, device="cuda:1") for _ in range(2)]
+    t = make_transfer(kv)
+    with torch.cuda.device(1):
+        torch.cuda._sleep(200_000_000)
+        for x in kv:
+            x[2].fill_(3.0)
+    assert torch.cuda.current_device() == 0
+    t.store(1, [2], [key(2)])  # ordered after cuda:1's current stream, submitted from device 0
+    assert torch.cuda.current_device() == 0
+    r = wait(t, [1])[1]
+    assert r.success, r.error
+    t.load(2, [5], [key(2)])
+    r = wait(t, [2])[2]
+    assert r.success, r.error
+    assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(1)
+    assert all(bool((x[5].float() == 3.0).all()) for x in kv)
 
 
 def test_cuda_store_and_fs_tier_interop(make_transfer, tmp_path):

@@ -50,8 +50,10 @@ class Engine {
 
   /// Queues a job. Returns at once; the job is reported exactly once by pop_completions().
   /// A job without blocks completes immediately and successfully.
-  /// `cuda_stream` (a cudaStream_t; nullptr = the legacy default stream) matters for stores of
-  /// device memory: they copy only after the work queued on that stream so far has finished.
+  /// `cuda_stream` (a cudaStream_t of EngineConfig::cuda_device; nullptr = that device's
+  /// legacy default stream) matters for jobs over device memory: their copies (device to
+  /// staging for stores, staging to device for loads) start only after the work queued on
+  /// that stream so far has finished. The calling thread's current device is left unchanged.
   /// Throws std::invalid_argument for a job id already in flight or a bad block (null data,
   /// empty path, oversized key, device memory without use_cuda), std::runtime_error after
   /// shutdown() or when CUDA fails to record the stream's event, std::bad_alloc when memory

@@ -100,9 +100,11 @@ class GPUStorageTransfer:
         self._submit(job_id, block_ids, keys, _core.Direction.STORE)
 
     def load(self, job_id: JobId, block_ids: Sequence[int], keys: Sequence[OffloadKey]) -> None:
-        """Read ``keys`` into blocks ``block_ids``; returns at once. A block is usable once
-        its job is reported by get_finished() (the copies have completed by then). Raises
-        ValueError when the tensors lie in read-only memory."""
+        """Read ``keys`` into blocks ``block_ids``; returns at once. On a GPU, the copies start
+        after the work already queued on the caller's current CUDA stream (kernels still
+        reading the old contents of those blocks). A block is usable once its job is reported
+        by get_finished() (the copies have completed by then). Raises ValueError when the
+        tensors lie in read-only memory."""
         if self._read_only is not None:
             raise ValueError(f"GPUStorageTransfer cannot load: {self._read_only}")
         self._submit(job_id, block_ids, keys, _core.Direction.LOAD)
@@ -115,7 +117,7 @@ class GPUStorageTransfer:
         ids = check_block_ids(job_id, block_ids, len(keys), self.num_blocks)
         paths = [self.file_mapper.get_file_name(k) for k in keys]
         stream = 0
-        if self._on_gpu and direction == _core.Direction.STORE:
+        if self._on_gpu:
             import torch  # only GPU callers get here, and they have torch
 
             stream = torch.cuda.current_stream(self.device).cuda_stream
