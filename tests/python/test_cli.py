@@ -248,16 +248,18 @@ def test_peer_vllm_runs_vllms_fs_tier_side_by_side(tmp_path: Path) -> None:
 
 
 def test_bench_without_fio_says_the_ceiling_was_skipped(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"  # a PATH with python but no fio
-    bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
-    env = {**os.environ, "PATH": str(bin_dir)}
+    # fio is hidden through PATH (an empty directory); Python itself is started by its full
+    # path, sys.executable, never through a link to it: a link elsewhere loses the virtual
+    # environment (no pyvenv.cfg beside it) and with it the installed kvtier.
+    no_tools = tmp_path / "empty-bin"
+    no_tools.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
     out = tmp_path / "out.json"
     proc = run(
-        [str(bin_dir / "python"), "-m", "kvtier", "bench", "--root", tmp_path, *TINY,
-         "--sizes", "64K", "--json", out],
-        env=env,
-    )  # fmt: skip
+        kvtier_cmd("bench", "--root", root, *TINY, "--sizes", "64K", "--json", out),
+        env={**os.environ, "PATH": str(no_tools)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Ceiling: skipped" in proc.stdout and "fio" in proc.stderr
     results = json.loads(out.read_text())
