@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 
 from kvtier.bench.config import format_size
@@ -38,6 +39,31 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
+def _spread(stats: dict, key: str, fmt: str = "{:.2f}", scale: float = 1.0) -> str:
+    """``median (min-max)`` of a figure over the runs, ``!`` when too noisy; the median alone
+    for one run (or a result saved before spreads were recorded)."""
+    value = stats.get(key)
+    if value is None:
+        return "-"
+    text = fmt.format(value * scale)
+    low_high = stats.get("spread", {}).get(key)
+    runs = stats.get("runs", [])
+    if low_high and len(runs) > 1:
+        low, high = (fmt.format(v * scale) for v in low_high)
+        text += f" ({low}-{high})"
+    if key in stats.get("noisy", []):
+        text += " !"
+    return text
+
+
+def _overlap(a: dict, a_key: str, b: dict, b_key: str) -> bool:
+    """Whether the min-max ranges of two figures overlap (the difference is not resolved)."""
+    ra, rb = a.get("spread", {}).get(a_key), b.get("spread", {}).get(b_key)
+    if not ra or not rb or len(a.get("runs", [])) < 2 or len(b.get("runs", [])) < 2:
+        return False
+    return ra[0] <= rb[1] and rb[0] <= ra[1]
+
+
 def render(results: dict) -> str:
     cfg = results["config"]
     out: list[str] = []
@@ -45,11 +71,18 @@ def render(results: dict) -> str:
     out.append(f"  machine:  {describe_short(results['machine'])}")
     bypass = ", ".join(f"{k}: {v}" for k, v in results.get("cache_bypass", {}).items())
     out.append(f"  root:     {cfg['root']} (scratch directory removed afterwards)")
-    out.append(
-        f"  workload: {format_size(cfg['bytes_per_block_size'])} per block size, "
-        f"{cfg['blocks_per_job']} blocks per job, {cfg['read_threads']}+{cfg['write_threads']} "
-        f"threads, {cfg['repeat']} run(s): {cfg['statistic']}"
+    per_run = cfg.get("bytes_per_run")
+    runs_text = (
+        f"{cfg['repeat']} run(s) of {format_size(per_run)} each"
+        if per_run is not None
+        else f"{cfg['repeat']} run(s)"
     )
+    out.append(
+        f"  workload: {format_size(cfg['bytes_per_block_size'])} per block size in {runs_text}, "
+        f"{cfg['blocks_per_job']} blocks per job, {cfg['read_threads']}+{cfg['write_threads']} "
+        f"threads"
+    )
+    out.append(f"  figures:  {cfg['statistic']}")
     out.append(f"  loads bypass the page cache with: {bypass or '-'}")
     vllm = results.get("peers", {}).get("vllm")
     if vllm:
@@ -59,53 +92,51 @@ def render(results: dict) -> str:
             out.append(f"  vLLM peer: skipped: {vllm.get('skipped')}")
     out.append("")
 
+    noisy: list[str] = []
+
+    def cell(row_label: str, stats: dict, key: str, what: str, **fmt) -> str:
+        """The table cell of one figure; a noisy one is also listed under the tables."""
+        text = _spread(stats, key, **fmt)
+        if text.endswith(" !"):
+            noisy.append(f"{row_label}, {what}: {text[:-2]}")
+        return text
+
     rows: list[list[str]] = []
     for entry in results["sizes"]:
         for name, t in entry["tiers"].items():
             tp = t["throughput"]
+            row_label = f"{entry['label']} {_tier_label(name, results)}"
             rows.append(
                 [
-                    f"{entry['label']} {_tier_label(name, results)}",
-                    _f(tp.get("store_gbps")),
-                    _f(tp.get("load_gbps")),
+                    row_label,
+                    cell(row_label, tp, "store_gbps", "store GB/s"),
+                    cell(row_label, tp, "load_gbps", "load GB/s"),
                     _f(tp.get("store_cpu_s_per_gib"), "{:.3f}"),
                     _f(tp.get("load_cpu_s_per_gib"), "{:.3f}"),
-                    _pct(tp.get("store_vs_fio")),
-                    _pct(tp.get("load_vs_fio")),
                     _f(tp.get("first_store_gbps")),
                 ]
             )
         fio = entry.get("fio")
         if fio:
+            row_label = f"{entry['label']} fio (ceiling)"
             rows.append(
                 [
-                    f"{entry['label']} fio (ceiling)",
-                    _f(fio.get("write_gbps")),
-                    _f(fio.get("read_gbps")),
+                    row_label,
+                    cell(row_label, fio, "write_gbps", "write GB/s"),
+                    cell(row_label, fio, "read_gbps", "read GB/s"),
                     _f(fio.get("write_cpu_s_per_gib"), "{:.3f}"),
                     _f(fio.get("read_cpu_s_per_gib"), "{:.3f}"),
-                    "",
-                    "",
                     "",
                 ]
             )
     out.append(
-        "Throughput (GB/s = 1e9 bytes/s; CPU = process CPU seconds per GiB moved; store = into "
-        "existing directories,\n1st store = the same blocks into a fresh root, which also "
-        "creates the tier's directory tree)"
+        "Throughput (GB/s = 1e9 bytes/s, median (min-max) of the runs; CPU = process CPU "
+        "seconds per GiB moved;\nstore = into existing directories, 1st store = the same "
+        "blocks into a fresh root, which also creates the tier's directory tree)"
     )
     out.append(
         _table(
-            [
-                "block / tier",
-                "store GB/s",
-                "load GB/s",
-                "store CPU",
-                "load CPU",
-                "store/fio",
-                "load/fio",
-                "1st store GB/s",
-            ],
+            ["block / tier", "store GB/s", "load GB/s", "store CPU", "load CPU", "1st store GB/s"],
             rows,
         )
     )
@@ -115,12 +146,13 @@ def render(results: dict) -> str:
     for entry in results["sizes"]:
         for name, t in entry["tiers"].items():
             it = t["interference"]
+            row_label = f"{entry['label']} {_tier_label(name, results)}"
             rows.append(
                 [
-                    f"{entry['label']} {_tier_label(name, results)}",
+                    row_label,
                     _f(it.get("idle_iter_per_s") and it["idle_iter_per_s"] / 1e6, "{:.2f}"),
                     _f(it.get("busy_iter_per_s") and it["busy_iter_per_s"] / 1e6, "{:.2f}"),
-                    _pct(it.get("ratio")),
+                    cell(row_label, it, "ratio", "scheduler loop kept", fmt="{:.0f}%", scale=100),
                 ]
             )
     out.append("Scheduler loop on the main thread (million iterations/s)")
@@ -141,30 +173,93 @@ def render(results: dict) -> str:
                     f"{idle.get('n', 0)}/{flood.get('n', 0)}",
                 ]
             )
-    out.append("Load latency of 4-block jobs (ms, p50/p95/p99)")
+    out.append("Load latency of 4-block jobs (ms, p50/p95/p99, median of the runs)")
     out.append(_table(["block / tier", "idle", "under store flood", "p95 ratio", "samples"], rows))
 
-    fio_lines = [(e["label"], e["fio"]) for e in results["sizes"] if e.get("fio")]
     out.append("")
-    if fio_lines:
-        out.append("Ceiling commands (fio):")
-        for label, fio in fio_lines:
-            out.append(f"  {label}: {fio['write_command']}")
-            out.append(f"  {label}: {fio['read_command']}")
-    else:
-        out.append(f"Ceiling: skipped ({results['fio'].get('skipped', 'fio not run')})")
+    out.extend(_ceiling_lines(results))
 
-    targets = results.get("targets", [])
-    if targets:
+    if noisy:
+        ratio = cfg.get("noisy_ratio", 1.5)
         out.append("")
-        out.append("Targets (measured here; informational):")
-        for t in targets:
-            mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
-            value = "-" if t["value"] is None else f"{t['value']:.2f}"
-            out.append(f"  [{mark}] {t['target']}: {value}")
+        out.append(
+            f"Too noisy to trust (marked !: the runs differ by more than {ratio:g}x, max/min):"
+        )
+        out.extend(f"  {item}" for item in noisy)
+        out.append(
+            "  Other work on this machine or its storage is the usual cause: measure again "
+            "when it is quiet, or with a larger --total (longer runs)."
+        )
     for note in results.get("notes", []):
         out.append(f"Note: {note}")
     return "\n".join(out)
+
+
+def _ceiling_lines(results: dict) -> list[str]:
+    """How close each figure is to fio's ceiling, and why a figure can be above it."""
+    with_fio = [e for e in results["sizes"] if e.get("fio")]
+    if not with_fio:
+        return [f"Ceiling: skipped ({results['fio'].get('skipped', 'fio not run')})"]
+    out = [
+        "Against the ceiling (the tier's median as a share of fio's median on the same "
+        'directory, block size and parallelism;\n100% = as fast as fio; "overlap": the '
+        "min-max ranges overlap, so this run cannot tell the two apart)"
+    ]
+    rows: list[list[str]] = []
+    above = False
+    for entry in with_fio:
+        fio = entry["fio"]
+        for name, t in entry["tiers"].items():
+            tp = t["throughput"]
+            cells = [f"{entry['label']} {_tier_label(name, results)}"]
+            for mine, theirs in (("store_gbps", "write_gbps"), ("load_gbps", "read_gbps")):
+                if not tp.get(mine) or not fio.get(theirs):
+                    cells.append("-")
+                    continue
+                share = tp[mine] / fio[theirs]
+                above = above or share > 1.0
+                cell = _pct(share)
+                if _overlap(tp, mine, fio, theirs):
+                    cell += " (overlap)"
+                cells.append(cell)
+            rows.append(cells)
+    out.append(_table(["block / tier", "store / fio write", "load / fio read"], rows))
+    if above:
+        out.extend(_above_ceiling_reason(results, with_fio[0]["fio"]))
+    out.append("Ceiling commands (fio, per run):")
+    for entry in with_fio:
+        out.append(f"  {entry['label']}: {entry['fio']['write_command']}")
+        out.append(f"  {entry['label']}: {entry['fio']['read_command']}")
+    return out
+
+
+def _above_ceiling_reason(results: dict, fio: dict) -> list[str]:
+    """Why a figure can beat fio: the two do different I/O (what `kvtier bench` runs)."""
+    cfg = results["config"]
+    threads = cfg["read_threads"] + cfg["write_threads"]
+    jobs = fio.get("numjobs", threads)
+    per_job = fio.get("size_per_job")
+    per_job_text = f"{format_size(per_job)} " if per_job else ""
+    text = (
+        "Above 100% does not mean faster than the device: fio is the ceiling only for its own "
+        f"access pattern. fio's {jobs} jobs each stream one {per_job_text}file, one block per "
+        "call, and fio's GB/s is the total over its slowest job's time; the tier's "
+        f"{threads} threads share one queue and read or write one file per block (header and "
+        "payload in one call). Caches and read-ahead below the file system (a virtual disk's "
+        "host, a RAID controller, network storage) serve the two patterns at different speeds."
+    )
+    if results.get("fio", {}).get("direct", True):
+        text += " Both bypass this machine's page cache (O_DIRECT)."
+    else:
+        text += (
+            " O_DIRECT does not work here, so fio ran buffered (--direct=0) and dropped its "
+            "files from the page cache before reading (its default invalidate=1), and the "
+            "tier's files were fsync'd and dropped with posix_fadvise(DONTNEED) before the "
+            "loads; where file data lives in memory (tmpfs, ramfs) neither drop removes "
+            "anything and both read RAM: the figures then compare software overhead per "
+            "block, not the storage."
+        )
+    return ["  " + line for line in textwrap.wrap(text, width=98)]
 
 
 def write_json(results: dict, path: Path) -> None:
