@@ -144,8 +144,10 @@ class Progress:
                 elif self._label and now - self._last_line >= self._heartbeat_s:
                     self._show(announce=False)
 
-    def _timing(self, now: float) -> str:
+    def _timing(self, now: float, *, in_step: bool = False) -> str:
         elapsed = format_duration(now - self._start)
+        if in_step:
+            elapsed += f" (this step {format_duration(now - self._step_start)})"
         eta = self.eta(now)
         left = "estimating time left" if eta is None else f"about {format_duration(eta)} left"
         return f"{elapsed} elapsed, {left}"
@@ -156,13 +158,11 @@ class Progress:
         self._last_line = now
         if self._is_tty:
             fraction = self._done_weight / self._total_weight
-            width = 20
+            width = 12
             filled = int(round(width * fraction))
             bar = "#" * filled + "-" * (width - filled)
-            label = self._label
-            if label and label != "done":
-                label = f"{label} ({format_duration(now - self._step_start)})"
-            line = f"[{bar}] {fraction * 100:3.0f}% {self._timing(now)}  {label}"
+            timing = self._timing(now, in_step=bool(self._label) and self._label != "done")
+            line = f"[{bar}] {fraction * 100:3.0f}% {timing}: {self._label}"
             self._stream.write("\r" + line[: self._width].ljust(self._width))
             self._stream.flush()
             self._bar_shown = True
@@ -185,6 +185,7 @@ class Progress:
 def _terminal_width(stream: TextIO) -> int:
     """Columns of the terminal behind ``stream``, less one (a full line would wrap)."""
     try:
-        return max(40, os.get_terminal_size(stream.fileno()).columns - 1)
+        columns = os.get_terminal_size(stream.fileno()).columns
     except (AttributeError, OSError, ValueError):
         return _WIDTH
+    return max(40, columns - 1) if columns > 0 else _WIDTH  # 0: a terminal that does not say

@@ -217,14 +217,15 @@ def _ceiling_lines(results: dict) -> list[str]:
                     cells.append("-")
                     continue
                 share = tp[mine] / fio[theirs]
-                above = above or share > 1.0
                 cell = _pct(share)
                 if _overlap(tp, mine, fio, theirs):
-                    cell += " (overlap)"
+                    cell += " (overlap)"  # above 100% or not, the runs cannot tell
+                else:
+                    above = above or share > 1.0
                 cells.append(cell)
             rows.append(cells)
     out.append(_table(["block / tier", "store / fio write", "load / fio read"], rows))
-    if above:
+    if above:  # clearly above: the runs' ranges do not overlap
         out.extend(_above_ceiling_reason(results, with_fio[0]["fio"]))
     out.append("Ceiling commands (fio, per run):")
     for entry in with_fio:

@@ -110,7 +110,7 @@ def _median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
-def _aggregate(runs: list[dict], keys: tuple[str, ...]) -> dict:
+def summarize_runs(runs: list[dict], keys: tuple[str, ...]) -> dict:
     """Median of each figure over the runs, its ``spread`` [min, max], the figures whose spread
     is too wide to trust (``noisy``: max/min over NOISY_RATIO), and the runs themselves."""
     out: dict = {}
@@ -210,6 +210,7 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
     free = shutil.disk_usage(scratch).free
     total = plan_total(config, free, _available_memory())
     per_run = total // config.repeat
+    per_run -= per_run % max(config.block_sizes)  # whole blocks of every size in each run
     # The other budgets are split over the runs too, so the run count changes the spread
     # shown, not the time taken.
     samples_per_run = math.ceil(config.latency_samples / config.repeat)
@@ -379,7 +380,7 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
         }
         for name, phases in per_tier.items():
             entry["tiers"][name] = {
-                "throughput": _aggregate(
+                "throughput": summarize_runs(
                     phases["throughput"],
                     (
                         "store_gbps",
@@ -390,17 +391,17 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
                         "first_store_cpu_s_per_gib",
                     ),
                 ),
-                "interference": _aggregate(
+                "interference": summarize_runs(
                     phases["interference"], ("idle_iter_per_s", "busy_iter_per_s", "ratio")
                 ),
                 "latency": _aggregate_latency(phases["latency"]),
             }
         if fio_runs:
-            fio = _aggregate(
+            fio = summarize_runs(
                 fio_runs, ("write_gbps", "read_gbps", "write_cpu_s_per_gib", "read_cpu_s_per_gib")
             )
-            fio["write_command"] = fio_runs[0]["write_command"]
-            fio["read_command"] = fio_runs[0]["read_command"]
+            for key in ("write_command", "read_command", "numjobs", "size_per_job", "direct"):
+                fio[key] = fio_runs[0][key]  # the same in every run
             entry["fio"] = fio
             for t in entry["tiers"].values():
                 t["throughput"]["store_vs_fio"] = t["throughput"]["store_gbps"] / fio["write_gbps"]
