@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kvtier.bench.config import BenchConfig, GiB, MiB, parse_block_sizes, parse_size
+from kvtier.bench.config import NOISY_RATIO, BenchConfig, GiB, MiB, parse_block_sizes, parse_size
 from kvtier.bench.errors import BenchError
 from kvtier.bench.progress import Progress
-from kvtier.bench.runner import NOISY_RATIO, plan_total, summarize_runs
+from kvtier.bench.runner import plan_total, summarize_runs
 
 TIMEOUT_S = 300
 SIZES = (64 * 1024, 128 * 1024)

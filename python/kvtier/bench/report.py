@@ -7,7 +7,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from kvtier.bench.config import format_size
+from kvtier.bench.config import NOISY_RATIO, format_size
 from kvtier.bench.machine import describe_short
 
 
@@ -41,25 +41,39 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def _spread(stats: dict, key: str, fmt: str = "{:.2f}", scale: float = 1.0) -> str:
     """``median (min-max)`` of a figure over the runs, ``!`` when too noisy; the median alone
-    for one run (or a result saved before spreads were recorded)."""
+    for a single run."""
     value = stats.get(key)
     if value is None:
         return "-"
     text = fmt.format(value * scale)
-    low_high = stats.get("spread", {}).get(key)
-    runs = stats.get("runs", [])
-    if low_high and len(runs) > 1:
+    low_high = _range(stats, key)
+    if low_high:
         low, high = (fmt.format(v * scale) for v in low_high)
         text += f" ({low}-{high})"
-    if key in stats.get("noisy", []):
+    noisy = stats.get("noisy")
+    if noisy is None:  # saved before the flag existed: judge the runs the same way
+        noisy = (
+            [key]
+            if low_high and (low_high[0] <= 0 or low_high[1] / low_high[0] > NOISY_RATIO)
+            else []
+        )
+    if key in noisy:
         text += " !"
     return text
 
 
+def _range(stats: dict, key: str) -> list[float] | None:
+    """[min, max] of a figure over two or more runs (from the runs of an older result)."""
+    values = [r[key] for r in stats.get("runs", []) if key in r]
+    if len(values) < 2:
+        return None
+    return stats.get("spread", {}).get(key) or [min(values), max(values)]
+
+
 def _overlap(a: dict, a_key: str, b: dict, b_key: str) -> bool:
     """Whether the min-max ranges of two figures overlap (the difference is not resolved)."""
-    ra, rb = a.get("spread", {}).get(a_key), b.get("spread", {}).get(b_key)
-    if not ra or not rb or len(a.get("runs", [])) < 2 or len(b.get("runs", [])) < 2:
+    ra, rb = _range(a, a_key), _range(b, b_key)
+    if not ra or not rb:
         return False
     return ra[0] <= rb[1] and rb[0] <= ra[1]
 
@@ -71,14 +85,12 @@ def render(results: dict) -> str:
     out.append(f"  machine:  {describe_short(results['machine'])}")
     bypass = ", ".join(f"{k}: {v}" for k, v in results.get("cache_bypass", {}).items())
     out.append(f"  root:     {cfg['root']} (scratch directory removed afterwards)")
-    per_run = cfg.get("bytes_per_run")
-    runs_text = (
-        f"{cfg['repeat']} run(s) of {format_size(per_run)} each"
-        if per_run is not None
-        else f"{cfg['repeat']} run(s)"
-    )
+    total, per_run = cfg["bytes_per_block_size"], cfg.get("bytes_per_run")
+    if per_run is None:  # saved before the runs shared the total: it was per run
+        per_run, total = total, total * cfg["repeat"]
     out.append(
-        f"  workload: {format_size(cfg['bytes_per_block_size'])} per block size in {runs_text}, "
+        f"  workload: {format_size(total)} per block size in {cfg['repeat']} run(s) of "
+        f"{format_size(per_run)} each, "
         f"{cfg['blocks_per_job']} blocks per job, {cfg['read_threads']}+{cfg['write_threads']} "
         f"threads"
     )
@@ -180,7 +192,7 @@ def render(results: dict) -> str:
     out.extend(_ceiling_lines(results))
 
     if noisy:
-        ratio = cfg.get("noisy_ratio", 1.5)
+        ratio = cfg.get("noisy_ratio", NOISY_RATIO)
         out.append("")
         out.append(
             f"Too noisy to trust (marked !: the runs differ by more than {ratio:g}x, max/min):"
@@ -238,8 +250,9 @@ def _above_ceiling_reason(results: dict, fio: dict) -> list[str]:
     """Why a figure can beat fio: the two do different I/O (what `kvtier bench` runs)."""
     cfg = results["config"]
     threads = cfg["read_threads"] + cfg["write_threads"]
-    jobs = fio.get("numjobs", threads)
-    per_job = fio.get("size_per_job")
+    first_run = (fio.get("runs") or [{}])[0]  # older results kept these per run only
+    jobs = fio.get("numjobs", first_run.get("numjobs", threads))
+    per_job = fio.get("size_per_job", first_run.get("size_per_job"))
     per_job_text = f"{format_size(per_job)} " if per_job else ""
     text = (
         "Above 100% does not mean faster than the device: fio is the ceiling only for its own "

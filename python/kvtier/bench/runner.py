@@ -15,7 +15,7 @@ from pathlib import Path
 import kvtier
 from kvtier import _core
 from kvtier.bench.ceiling import fio_available, fio_job_size, run_fio
-from kvtier.bench.config import MIN_BLOCKS, BenchConfig, MiB, format_size
+from kvtier.bench.config import MIN_BLOCKS, NOISY_RATIO, BenchConfig, MiB, format_size
 from kvtier.bench.errors import BenchError
 from kvtier.bench.interference import measure_interference
 from kvtier.bench.latency import hot_set_size, measure_latency
@@ -33,9 +33,6 @@ _HEADER = 4096  # bytes of header per kvtier block file
 _SPACE_MARGIN = 64 * MiB
 _FREE_FRACTION = 0.8  # never plan to use more than this share of the free space
 _MEMORY_FRACTION = 0.5  # nor more than this share of available memory for primary memory
-#: A figure whose runs differ by more than this factor (max/min) is flagged as too noisy to
-#: trust: the middle run could be off by a fifth or more either way.
-NOISY_RATIO = 1.5
 #: Rough cost of each step in units of one run's volume (what it stores, loads and removes),
 #: so that the progress ETA weighs a throughput step (two stores, a load, two removals)
 #: above the others.
