@@ -532,6 +532,9 @@ def test_interrupt_removes_the_scratch_directory(tmp_path: Path, sig: signal.Sig
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell without job control starts background commands with SIGINT ignored, and
+        # the child would inherit that: give it the default, as a terminal's Ctrl-C finds.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         # The first progress line: the run is measuring (scratch directory and tier exist);
