@@ -84,8 +84,12 @@ class Progress:
             return None
         now = time.monotonic() if now is None else now
         per_weight = self._done_elapsed / self._done_weight
-        left = per_weight * (self._total_weight - self._done_weight) - (now - self._step_start)
-        return max(0.0, left)
+        # The current step counts down from its estimate but never below zero, so a step that
+        # runs long does not eat into the estimate for the steps after it.
+        current = self._weights[self._done] if self._done < len(self._weights) else 0.0
+        after = self._total_weight - self._done_weight - current
+        in_step = now - self._step_start
+        return per_weight * after + max(0.0, per_weight * current - in_step)
 
     def step(self, label: str) -> None:
         """Announce the step about to run."""
@@ -145,12 +149,12 @@ class Progress:
                     self._show(announce=False)
 
     def _timing(self, now: float, *, in_step: bool = False) -> str:
-        elapsed = format_duration(now - self._start)
+        elapsed = f"{format_duration(now - self._start)} elapsed"
         if in_step:
             elapsed += f" (this step {format_duration(now - self._step_start)})"
         eta = self.eta(now)
         left = "estimating time left" if eta is None else f"about {format_duration(eta)} left"
-        return f"{elapsed} elapsed, {left}"
+        return f"{elapsed}, {left}"
 
     def _show(self, *, announce: bool) -> None:
         """Draw the state (the caller holds the lock)."""
