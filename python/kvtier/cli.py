@@ -33,6 +33,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _thread_count(text: str) -> int:
+    from kvtier.bench.config import MAX_THREADS
+
+    value = _positive_int(text)
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(
+            f"invalid count {text!r}: at most {MAX_THREADS} threads (the fs tier's limit)"
+        )
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -64,12 +75,23 @@ def _size(text: str) -> int:
 
 
 def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `kvtier` parser and each sub-command's; a sub-command is one ``_add_*`` function
+    that sets ``run`` (its handler) as a default."""
     parser = _Parser(
         prog="kvtier",
         description="kvtier: storage tiers for LLM KV-cache blocks.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{bench,info}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     sub.required = True
+    commands = {
+        "bench": _add_bench(sub),
+        "info": _add_info(sub),
+    }
+    return parser, commands
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from kvtier.bench.config import DEFAULT_REPEAT
 
     bench = sub.add_parser(
         "bench",
@@ -77,14 +99,22 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         description=(
             "Store and load KV blocks through kvtier's fs tier on --root and report GB/s, CPU "
             "seconds per GiB, load latency under a store flood and how much a Python "
-            "scheduler loop slows down, next to fio's ceiling and (--peer vllm) vLLM's tier."
+            "scheduler loop slows down, next to fio's ceiling and (--peer vllm) vLLM's tier. "
+            "Every figure is the median of --repeat runs with its min-max spread."
         ),
     )
+    bench.set_defaults(run=_bench)
     bench.add_argument(
         "--root",
         type=Path,
-        help="directory on the storage to measure (a scratch directory is created in it and "
-        "removed afterwards; default: the current directory)",
+        help="existing directory on the storage to measure (a scratch directory is created in "
+        "it and removed afterwards; default: the current directory)",
+    )
+    bench.add_argument(
+        "--create-root",
+        action="store_true",
+        help="create --root if it does not exist (else a missing --root is an error: a "
+        "mistyped mount point would measure the file system above it)",
     )
     bench.add_argument(
         "--sizes",
@@ -96,17 +126,18 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         "--total",
         type=_size,
         default=None,
-        help="bytes stored per block size (default: 1G, bounded by free disk and memory)",
+        help="bytes stored per block size, all runs together (default: 1G, bounded by free "
+        "disk and memory)",
     )
     bench.add_argument(
         "--read-threads",
-        type=_positive_int,
+        type=_thread_count,
         default=16,
         help="tier threads that take loads first (default: 16)",
     )
     bench.add_argument(
         "--write-threads",
-        type=_positive_int,
+        type=_thread_count,
         default=16,
         help="tier threads that take stores first (default: 16)",
     )
@@ -119,20 +150,23 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     bench.add_argument(
         "--repeat",
         type=_positive_int,
-        default=1,
-        help="run every measurement N times side by side, report medians",
+        default=DEFAULT_REPEAT,
+        help=f"runs per block size, side by side (default: {DEFAULT_REPEAT}); --total, "
+        "--latency-samples and --loop-seconds are shared out among them, so more runs show "
+        "the spread in about the same time, each on less data",
     )
     bench.add_argument(
         "--latency-samples",
         type=_positive_int,
         default=100,
-        help="4-block load jobs timed idle and under the flood (default: 100)",
+        help="4-block load jobs timed idle and under the flood, all runs together (default: 100)",
     )
     bench.add_argument(
         "--loop-seconds",
         type=_positive_float,
         default=1.0,
-        help="how long the idle scheduler loop runs, before and after (default: 1)",
+        help="how long the idle scheduler loop runs, before and after, all runs together "
+        "(default: 1)",
     )
     bench.add_argument(
         "--peer",
@@ -161,13 +195,17 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         metavar="FILE",
         help="measure nothing: print the table (and --plot) of a saved --json result",
     )
+    return bench
 
+
+def _add_info(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     info = sub.add_parser(
         "info",
         help="version, build options, CUDA and O_DIRECT support",
         description="Print kvtier's version, build options, CUDA availability and whether "
         "O_DIRECT works in DIR.",
     )
+    info.set_defaults(run=_info)
     info.add_argument(
         "dir",
         nargs="?",
@@ -175,7 +213,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         default=Path("."),
         help="directory to probe for O_DIRECT (default: .)",
     )
-    return parser, {"bench": bench, "info": info}
+    return info
 
 
 def _check_output_path(path: Path, option: str) -> None:
@@ -195,8 +233,12 @@ def _bench(args: argparse.Namespace) -> int:
     from kvtier.bench.report import render, write_json
     from kvtier.bench.runner import run_bench
 
+    # A polite kill (SIGTERM) cleans up like Ctrl-C does: SystemExit unwinds through the
+    # `finally` blocks that shut the tiers down and remove the scratch directory.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     config = BenchConfig(
         root=args.root,
+        create_root=args.create_root,
         block_sizes=args.sizes or DEFAULT_SIZES,
         total_bytes=args.total,
         read_threads=args.read_threads,
@@ -222,13 +264,17 @@ def _bench(args: argparse.Namespace) -> int:
         else:
             results = run_bench(config)
         print(render(results), flush=True)
+        if config.json_path is not None or config.plot_path is not None:
+            print()
         if config.json_path is not None:
             try:
                 write_json(results, config.json_path)
             except OSError as exc:
                 raise BenchError(f"cannot write {config.json_path}: {exc.strerror}") from exc
+            print(f"Results (JSON): {config.json_path.resolve()}", flush=True)
         if config.plot_path is not None:
             plot(results, config.plot_path)
+            print(f"Plot: {config.plot_path.resolve()}", flush=True)
     except BenchError as exc:
         print(f"kvtier bench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -323,12 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:  # report it as the sub-command's error: "kvtier bench: error: ..."
         commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
-        if args.command == "bench":
-            # A polite kill (SIGTERM) cleans up like Ctrl-C does: SystemExit unwinds through
-            # the `finally` blocks that shut the tiers down and remove the scratch directory.
-            signal.signal(signal.SIGTERM, _exit_on_sigterm)
-            return _bench(args)
-        return _info(args)
+        return args.run(args)
     except KeyboardInterrupt:
         print(f"kvtier {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -16,7 +16,16 @@ GiB = 1 << 30
 BLOCK_ALIGNMENT = 4096
 
 DEFAULT_SIZES = (256 * KiB, 2 * MiB)
+#: Bytes per block size over all runs: what sets a run's duration.
 DEFAULT_TOTAL = 1 * GiB
+#: Runs per block size: enough for a median and a min-max spread from one invocation.
+DEFAULT_REPEAT = 5
+#: The fs tier's limit on each thread count (kvtier.tiering.fs.options), checked up front so
+#: that a bad count is an argument error, not a failure in the middle of a run.
+MAX_THREADS = 1024
+#: A figure whose runs differ by more than this factor (max/min) is flagged as too noisy to
+#: trust: the middle run could be off by a fifth or more either way.
+NOISY_RATIO = 1.5
 #: A workload needs room for the latency hot set (4-block jobs) and a store flood.
 MIN_BLOCKS = 8
 
@@ -67,15 +76,21 @@ def format_size(n: int) -> str:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """One run of `kvtier bench`. ``total_bytes`` is per block size (None: the default)."""
+    """One run of `kvtier bench`.
+
+    ``total_bytes`` (None: the default), ``latency_samples`` and ``loop_seconds`` are budgets
+    per block size, split evenly over the ``repeat`` runs. ``create_root``: create a missing
+    root instead of refusing it.
+    """
 
     root: Path | None = None
+    create_root: bool = False
     block_sizes: tuple[int, ...] = DEFAULT_SIZES
     total_bytes: int | None = None
     read_threads: int = 16
     write_threads: int = 16
     blocks_per_job: int = 8
-    repeat: int = 1
+    repeat: int = DEFAULT_REPEAT
     latency_samples: int = 100
     loop_seconds: float = 1.0
     peers: tuple[str, ...] = ()

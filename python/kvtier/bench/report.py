@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 
-from kvtier.bench.config import format_size
+from kvtier.bench.config import NOISY_RATIO, format_size
 from kvtier.bench.machine import describe_short
 
 
@@ -38,6 +39,45 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
+def _spread(stats: dict, key: str, fmt: str = "{:.2f}", scale: float = 1.0) -> str:
+    """``median (min-max)`` of a figure over the runs, ``!`` when too noisy; the median alone
+    for a single run."""
+    value = stats.get(key)
+    if value is None:
+        return "-"
+    text = fmt.format(value * scale)
+    low_high = _range(stats, key)
+    if low_high:
+        low, high = (fmt.format(v * scale) for v in low_high)
+        text += f" ({low}-{high})"
+    noisy = stats.get("noisy")
+    if noisy is None:  # saved before the flag existed: judge the runs the same way
+        noisy = (
+            [key]
+            if low_high and (low_high[0] <= 0 or low_high[1] / low_high[0] > NOISY_RATIO)
+            else []
+        )
+    if key in noisy:
+        text += " !"
+    return text
+
+
+def _range(stats: dict, key: str) -> list[float] | None:
+    """[min, max] of a figure over two or more runs (from the runs of an older result)."""
+    values = [r[key] for r in stats.get("runs", []) if key in r]
+    if len(values) < 2:
+        return None
+    return stats.get("spread", {}).get(key) or [min(values), max(values)]
+
+
+def _overlap(a: dict, a_key: str, b: dict, b_key: str) -> bool:
+    """Whether the min-max ranges of two figures overlap (the difference is not resolved)."""
+    ra, rb = _range(a, a_key), _range(b, b_key)
+    if not ra or not rb:
+        return False
+    return ra[0] <= rb[1] and rb[0] <= ra[1]
+
+
 def render(results: dict) -> str:
     cfg = results["config"]
     out: list[str] = []
@@ -45,11 +85,16 @@ def render(results: dict) -> str:
     out.append(f"  machine:  {describe_short(results['machine'])}")
     bypass = ", ".join(f"{k}: {v}" for k, v in results.get("cache_bypass", {}).items())
     out.append(f"  root:     {cfg['root']} (scratch directory removed afterwards)")
+    total, per_run = cfg["bytes_per_block_size"], cfg.get("bytes_per_run")
+    if per_run is None:  # saved before the runs shared the total: it was per run
+        per_run, total = total, total * cfg["repeat"]
     out.append(
-        f"  workload: {format_size(cfg['bytes_per_block_size'])} per block size, "
+        f"  workload: {format_size(total)} per block size in {cfg['repeat']} run(s) of "
+        f"{format_size(per_run)} each, "
         f"{cfg['blocks_per_job']} blocks per job, {cfg['read_threads']}+{cfg['write_threads']} "
-        f"threads, {cfg['repeat']} run(s): {cfg['statistic']}"
+        f"threads"
     )
+    out.append(f"  figures:  {cfg['statistic']}")
     out.append(f"  loads bypass the page cache with: {bypass or '-'}")
     vllm = results.get("peers", {}).get("vllm")
     if vllm:
@@ -59,53 +104,51 @@ def render(results: dict) -> str:
             out.append(f"  vLLM peer: skipped: {vllm.get('skipped')}")
     out.append("")
 
+    noisy: list[str] = []
+
+    def cell(row_label: str, stats: dict, key: str, what: str, **fmt) -> str:
+        """The table cell of one figure; a noisy one is also listed under the tables."""
+        text = _spread(stats, key, **fmt)
+        if text.endswith(" !"):
+            noisy.append(f"{row_label}, {what}: {text[:-2]}")
+        return text
+
     rows: list[list[str]] = []
     for entry in results["sizes"]:
         for name, t in entry["tiers"].items():
             tp = t["throughput"]
+            row_label = f"{entry['label']} {_tier_label(name, results)}"
             rows.append(
                 [
-                    f"{entry['label']} {_tier_label(name, results)}",
-                    _f(tp.get("store_gbps")),
-                    _f(tp.get("load_gbps")),
+                    row_label,
+                    cell(row_label, tp, "store_gbps", "store GB/s"),
+                    cell(row_label, tp, "load_gbps", "load GB/s"),
                     _f(tp.get("store_cpu_s_per_gib"), "{:.3f}"),
                     _f(tp.get("load_cpu_s_per_gib"), "{:.3f}"),
-                    _pct(tp.get("store_vs_fio")),
-                    _pct(tp.get("load_vs_fio")),
                     _f(tp.get("first_store_gbps")),
                 ]
             )
         fio = entry.get("fio")
         if fio:
+            row_label = f"{entry['label']} fio (ceiling)"
             rows.append(
                 [
-                    f"{entry['label']} fio (ceiling)",
-                    _f(fio.get("write_gbps")),
-                    _f(fio.get("read_gbps")),
+                    row_label,
+                    cell(row_label, fio, "write_gbps", "write GB/s"),
+                    cell(row_label, fio, "read_gbps", "read GB/s"),
                     _f(fio.get("write_cpu_s_per_gib"), "{:.3f}"),
                     _f(fio.get("read_cpu_s_per_gib"), "{:.3f}"),
-                    "",
-                    "",
                     "",
                 ]
             )
     out.append(
-        "Throughput (GB/s = 1e9 bytes/s; CPU = process CPU seconds per GiB moved; store = into "
-        "existing directories,\n1st store = the same blocks into a fresh root, which also "
-        "creates the tier's directory tree)"
+        "Throughput (GB/s = 1e9 bytes/s, median (min-max) of the runs; CPU = process CPU "
+        "seconds per GiB moved;\nstore = into existing directories, 1st store = the same "
+        "blocks into a fresh root, which also creates the tier's directory tree)"
     )
     out.append(
         _table(
-            [
-                "block / tier",
-                "store GB/s",
-                "load GB/s",
-                "store CPU",
-                "load CPU",
-                "store/fio",
-                "load/fio",
-                "1st store GB/s",
-            ],
+            ["block / tier", "store GB/s", "load GB/s", "store CPU", "load CPU", "1st store GB/s"],
             rows,
         )
     )
@@ -115,12 +158,13 @@ def render(results: dict) -> str:
     for entry in results["sizes"]:
         for name, t in entry["tiers"].items():
             it = t["interference"]
+            row_label = f"{entry['label']} {_tier_label(name, results)}"
             rows.append(
                 [
-                    f"{entry['label']} {_tier_label(name, results)}",
+                    row_label,
                     _f(it.get("idle_iter_per_s") and it["idle_iter_per_s"] / 1e6, "{:.2f}"),
                     _f(it.get("busy_iter_per_s") and it["busy_iter_per_s"] / 1e6, "{:.2f}"),
-                    _pct(it.get("ratio")),
+                    cell(row_label, it, "ratio", "scheduler loop kept", fmt="{:.0f}%", scale=100),
                 ]
             )
     out.append("Scheduler loop on the main thread (million iterations/s)")
@@ -141,30 +185,95 @@ def render(results: dict) -> str:
                     f"{idle.get('n', 0)}/{flood.get('n', 0)}",
                 ]
             )
-    out.append("Load latency of 4-block jobs (ms, p50/p95/p99)")
+    out.append("Load latency of 4-block jobs (ms, p50/p95/p99, median of the runs)")
     out.append(_table(["block / tier", "idle", "under store flood", "p95 ratio", "samples"], rows))
 
-    fio_lines = [(e["label"], e["fio"]) for e in results["sizes"] if e.get("fio")]
     out.append("")
-    if fio_lines:
-        out.append("Ceiling commands (fio):")
-        for label, fio in fio_lines:
-            out.append(f"  {label}: {fio['write_command']}")
-            out.append(f"  {label}: {fio['read_command']}")
-    else:
-        out.append(f"Ceiling: skipped ({results['fio'].get('skipped', 'fio not run')})")
+    out.extend(_ceiling_lines(results))
 
-    targets = results.get("targets", [])
-    if targets:
+    if noisy:
+        ratio = cfg.get("noisy_ratio", NOISY_RATIO)
         out.append("")
-        out.append("Targets (measured here; informational):")
-        for t in targets:
-            mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
-            value = "-" if t["value"] is None else f"{t['value']:.2f}"
-            out.append(f"  [{mark}] {t['target']}: {value}")
+        out.append(
+            f"Too noisy to trust (marked !: the runs differ by more than {ratio:g}x, max/min):"
+        )
+        out.extend(f"  {item}" for item in noisy)
+        out.append(
+            "  Other work on this machine or its storage is the usual cause: measure again "
+            "when it is quiet, or with a larger --total (longer runs)."
+        )
     for note in results.get("notes", []):
         out.append(f"Note: {note}")
     return "\n".join(out)
+
+
+def _ceiling_lines(results: dict) -> list[str]:
+    """How close each figure is to fio's ceiling, and why a figure can be above it."""
+    with_fio = [e for e in results["sizes"] if e.get("fio")]
+    if not with_fio:
+        return [f"Ceiling: skipped ({results['fio'].get('skipped', 'fio not run')})"]
+    out = [
+        "Against the ceiling (the tier's median as a share of fio's median on the same "
+        'directory, block size and parallelism;\n100% = as fast as fio; "overlap": the '
+        "min-max ranges overlap, so this run cannot tell the two apart)"
+    ]
+    rows: list[list[str]] = []
+    above = False
+    for entry in with_fio:
+        fio = entry["fio"]
+        for name, t in entry["tiers"].items():
+            tp = t["throughput"]
+            cells = [f"{entry['label']} {_tier_label(name, results)}"]
+            for mine, theirs in (("store_gbps", "write_gbps"), ("load_gbps", "read_gbps")):
+                if not tp.get(mine) or not fio.get(theirs):
+                    cells.append("-")
+                    continue
+                share = tp[mine] / fio[theirs]
+                cell = _pct(share)
+                if _overlap(tp, mine, fio, theirs):
+                    cell += " (overlap)"  # above 100% or not, the runs cannot tell
+                else:
+                    above = above or share > 1.0
+                cells.append(cell)
+            rows.append(cells)
+    out.append(_table(["block / tier", "store / fio write", "load / fio read"], rows))
+    if above:  # clearly above: the runs' ranges do not overlap
+        out.extend(_above_ceiling_reason(results, with_fio[0]["fio"]))
+    out.append("Ceiling commands (fio, per run):")
+    for entry in with_fio:
+        out.append(f"  {entry['label']}: {entry['fio']['write_command']}")
+        out.append(f"  {entry['label']}: {entry['fio']['read_command']}")
+    return out
+
+
+def _above_ceiling_reason(results: dict, fio: dict) -> list[str]:
+    """Why a figure can beat fio: the two do different I/O (what `kvtier bench` runs)."""
+    cfg = results["config"]
+    threads = cfg["read_threads"] + cfg["write_threads"]
+    first_run = (fio.get("runs") or [{}])[0]  # older results kept these per run only
+    jobs = fio.get("numjobs", first_run.get("numjobs", threads))
+    per_job = fio.get("size_per_job", first_run.get("size_per_job"))
+    per_job_text = f"{format_size(per_job)} " if per_job else ""
+    text = (
+        "Above 100% does not mean faster than the device: fio is the ceiling only for its own "
+        f"access pattern. fio's {jobs} jobs each stream one {per_job_text}file, one block per "
+        "call, and fio's GB/s is the total over its slowest job's time; the tier's "
+        f"{threads} threads share one queue and read or write one file per block (header and "
+        "payload in one call). Caches and read-ahead below the file system (a virtual disk's "
+        "host, a RAID controller, network storage) serve the two patterns at different speeds."
+    )
+    if results.get("fio", {}).get("direct", True):
+        text += " Both bypass this machine's page cache (O_DIRECT)."
+    else:
+        text += (
+            " O_DIRECT does not work here, so fio ran buffered (--direct=0) and dropped its "
+            "files from the page cache before reading (its default invalidate=1), and the "
+            "tier's files were fsync'd and dropped with posix_fadvise(DONTNEED) before the "
+            "loads; where file data lives in memory (tmpfs, ramfs) neither drop removes "
+            "anything and both read RAM: the figures then compare software overhead per "
+            "block, not the storage."
+        )
+    return ["  " + line for line in textwrap.wrap(text, width=98)]
 
 
 def write_json(results: dict, path: Path) -> None:

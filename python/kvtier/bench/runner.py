@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-import os
+import math
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import kvtier
 from kvtier import _core
 from kvtier.bench.ceiling import fio_available, fio_job_size, run_fio
-from kvtier.bench.config import MIN_BLOCKS, BenchConfig, MiB, format_size
+from kvtier.bench.config import MIN_BLOCKS, NOISY_RATIO, BenchConfig, MiB, format_size
 from kvtier.bench.errors import BenchError
 from kvtier.bench.interference import measure_interference
 from kvtier.bench.latency import hot_set_size, measure_latency
 from kvtier.bench.machine import describe_machine
 from kvtier.bench.progress import Progress
-from kvtier.bench.targets import evaluate_targets
+from kvtier.bench.scratch import check_root, make_scratch
 from kvtier.bench.throughput import measure_throughput
 from kvtier.bench.workload import DriverFactory, PrimaryMemory, TierDriver, kvtier_factory
 
@@ -33,6 +33,10 @@ _HEADER = 4096  # bytes of header per kvtier block file
 _SPACE_MARGIN = 64 * MiB
 _FREE_FRACTION = 0.8  # never plan to use more than this share of the free space
 _MEMORY_FRACTION = 0.5  # nor more than this share of available memory for primary memory
+#: Rough cost of each step in units of one run's volume (what it stores, loads and removes),
+#: so that the progress ETA weighs a throughput step (two stores, a load, two removals)
+#: above the others.
+_STEP_WEIGHTS = {"throughput": 4.0, "interference": 2.0, "latency": 2.0, "fio": 2.0}
 
 
 def _available_memory() -> int | None:
@@ -55,22 +59,27 @@ def _peak_disk_bytes(total: int, block_size: int, threads: int, run_fio: bool) -
 
 
 def plan_total(config: BenchConfig, free_bytes: int, memory_bytes: int | None) -> int:
-    """Bytes per block size: ``config.total_bytes`` if it fits, else the default bounded."""
+    """Bytes per block size over all runs: ``config.total_bytes`` if it fits, else the default
+    bounded. Each of the ``config.repeat`` runs moves an equal share (disk and memory hold one
+    run's share at a time)."""
     largest = max(config.block_sizes)
-    minimum = MIN_BLOCKS * largest
+    minimum = MIN_BLOCKS * largest * config.repeat
 
     def fits(total: int) -> bool:
+        per_run = total // config.repeat
         peak = max(
-            _peak_disk_bytes(total, bs, config.threads, config.run_fio) for bs in config.block_sizes
+            _peak_disk_bytes(per_run, bs, config.threads, config.run_fio)
+            for bs in config.block_sizes
         )
-        memory_ok = memory_bytes is None or total <= memory_bytes * _MEMORY_FRACTION
+        memory_ok = memory_bytes is None or per_run <= memory_bytes * _MEMORY_FRACTION
         return peak <= free_bytes * _FREE_FRACTION and memory_ok
 
     if config.total_bytes is not None:
         if config.total_bytes < minimum:
             raise BenchError(
-                f"--total {format_size(config.total_bytes)} is too small: need at least "
-                f"{MIN_BLOCKS} blocks of the largest size ({format_size(minimum)})"
+                f"--total {format_size(config.total_bytes)} is too small for {config.repeat} "
+                f"run(s): each run needs at least {MIN_BLOCKS} blocks of the largest size, "
+                f"{format_size(minimum)} in all; raise --total or lower --repeat"
             )
         if not fits(config.total_bytes):
             raise BenchError(
@@ -91,40 +100,30 @@ def plan_total(config: BenchConfig, free_bytes: int, memory_bytes: int | None) -
             f"{format_size(minimum)} per block size needed at least; free some space or "
             "choose another --root"
         )
-    return total - total % largest
-
-
-def _make_scratch(root: Path) -> Path:
-    """A fresh ``kvtier-bench-*`` directory under root, proven writable (removed afterwards)."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BenchError(f"cannot create the root directory {root}: {exc.strerror}") from exc
-    if not root.is_dir():
-        raise BenchError(f"the root {root} is not a directory")
-    try:
-        scratch = Path(tempfile.mkdtemp(prefix="kvtier-bench-", dir=root))
-    except OSError as exc:
-        raise BenchError(f"cannot write to the root directory {root}: {exc.strerror}") from exc
-    try:
-        probe = scratch / "write-probe"
-        with open(probe, "wb") as f:
-            f.write(b"\0" * 4096)
-            f.flush()
-            os.fsync(f.fileno())
-        probe.unlink()
-    except OSError as exc:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise BenchError(f"cannot write to the root directory {root}: {exc.strerror}") from exc
-    return scratch
+    return total - total % (largest * config.repeat)
 
 
 def _median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
-def _aggregate(runs: list[dict], keys: tuple[str, ...]) -> dict:
-    out = {k: _median([r[k] for r in runs if k in r]) for k in keys if any(k in r for r in runs)}
+def summarize_runs(runs: list[dict], keys: tuple[str, ...]) -> dict:
+    """Median of each figure over the runs, its ``spread`` [min, max], the figures whose spread
+    is too wide to trust (``noisy``: max/min over NOISY_RATIO), and the runs themselves."""
+    out: dict = {}
+    spread: dict[str, list[float]] = {}
+    noisy: list[str] = []
+    for k in keys:
+        values = [r[k] for r in runs if k in r]
+        if not values:
+            continue
+        out[k] = _median(values)
+        low, high = min(values), max(values)
+        spread[k] = [low, high]
+        if len(values) > 1 and (low <= 0 or high / low > NOISY_RATIO):
+            noisy.append(k)
+    out["spread"] = spread
+    out["noisy"] = noisy
     out["runs"] = runs
     return out
 
@@ -175,7 +174,7 @@ class _Phase:
         label: str,
     ) -> tuple[dict[str, dict], str]:
         self._count += 1
-        directory = self._scratch / f"{self._count:03d}-{label}"
+        directory = self._scratch / f"phase-{self._count:03d}"
         directory.mkdir()
         driver = None
         results: dict[str, dict] = {}
@@ -195,8 +194,9 @@ class _Phase:
 def run_bench(config: BenchConfig, *, stream=None) -> dict:
     """Run every phase and return the results (see docs/PERFORMANCE.md for their meaning)."""
     stream = stream if stream is not None else sys.stderr
-    root = (config.root or Path.cwd()).resolve()
-    scratch = _make_scratch(root)
+    shown = config.root if config.root is not None else Path(".")
+    root = check_root(shown, create=config.create_root)
+    scratch = make_scratch(root, shown)
     try:
         return _run(config, root, scratch, stream)
     finally:
@@ -206,6 +206,12 @@ def run_bench(config: BenchConfig, *, stream=None) -> dict:
 def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
     free = shutil.disk_usage(scratch).free
     total = plan_total(config, free, _available_memory())
+    per_run = total // config.repeat
+    per_run -= per_run % max(config.block_sizes)  # whole blocks of every size in each run
+    # The other budgets are split over the runs too, so the run count changes the spread
+    # shown, not the time taken.
+    samples_per_run = math.ceil(config.latency_samples / config.repeat)
+    loop_seconds_per_run = config.loop_seconds / config.repeat
 
     tiers: dict[str, DriverFactory] = {}
     peers: dict[str, dict] = {}
@@ -213,7 +219,7 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
         config.read_threads,
         config.write_threads,
         max_queued_store_jobs=max(
-            1024, total // min(config.block_sizes) // config.blocks_per_job + 16
+            1024, per_run // min(config.block_sizes) // config.blocks_per_job + 16
         ),
     )
     notes: list[str] = []
@@ -235,24 +241,65 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
     if not config.run_fio:
         fio_info["skipped"] = "disabled with --no-fio"
     elif fio_path is None:
+        # Said once, in the report's "Ceiling" line.
         fio_info["skipped"] = "fio is not installed (e.g. apt-get install fio)"
-        notes.append("fio not found: the ceiling was skipped (install fio to measure it)")
     direct = _core.probe_o_direct(str(scratch)) == ""
 
-    steps_per_rep = len(tiers) * 3 + (1 if fio_path else 0)
+    per_rep_weights = [
+        *[_STEP_WEIGHTS[k] for _ in tiers for k in ("throughput", "interference", "latency")],
+        *([_STEP_WEIGHTS["fio"]] if fio_path else []),
+    ]
     progress = Progress(
-        len(config.block_sizes) * config.repeat * steps_per_rep,
+        per_rep_weights * (len(config.block_sizes) * config.repeat),
         enabled=config.progress,
         stream=stream,
     )
-    for note in notes:
-        progress.message(note)
-    if not direct:
-        progress.message(
-            f"O_DIRECT is not supported on {root} ({_core.probe_o_direct(str(scratch))}); "
-            "loads read files dropped from the page cache with posix_fadvise(DONTNEED)"
+    try:
+        for note in notes:
+            progress.message(note)
+        if not direct:
+            progress.message(
+                f"O_DIRECT is not supported on {root} ({_core.probe_o_direct(str(scratch))}); "
+                "loads read files dropped from the page cache with posix_fadvise(DONTNEED)"
+            )
+        plan = _Plan(
+            root=root,
+            scratch=scratch,
+            tiers=tiers,
+            peers=peers,
+            notes=notes,
+            fio_info=fio_info,
+            fio_path=fio_path,
+            direct=direct,
+            per_run=per_run,
+            samples_per_run=samples_per_run,
+            loop_seconds_per_run=loop_seconds_per_run,
         )
+        return _measure(config, plan, progress)
+    finally:
+        progress.close()  # also stops its ticker thread on an error or Ctrl-C
 
+
+@dataclass(frozen=True)
+class _Plan:
+    """What `_run` decided before measuring: where, which tiers, how much per run."""
+
+    root: Path
+    scratch: Path
+    tiers: dict[str, DriverFactory]
+    peers: dict[str, dict]
+    notes: list[str]
+    fio_info: dict
+    fio_path: str | None
+    direct: bool
+    per_run: int
+    samples_per_run: int
+    loop_seconds_per_run: float
+
+
+def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
+    root, scratch, tiers, peers, notes = plan.root, plan.scratch, plan.tiers, plan.peers, plan.notes
+    fio_info, fio_path, direct, per_run = plan.fio_info, plan.fio_path, plan.direct, plan.per_run
     machine = describe_machine(scratch)
     machine["filesystem"]["root"] = str(root)
     phase = _Phase(scratch)
@@ -261,7 +308,7 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
     cache_bypass: dict[str, str] = {}
 
     for block_size in config.block_sizes:
-        n = total // block_size
+        n = per_run // block_size
         primary = PrimaryMemory(n, block_size)
         label = format_size(block_size)
         try:
@@ -288,17 +335,17 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
                                 INTERFERENCE,
                                 partial(
                                     measure_interference,
-                                    idle_seconds=config.loop_seconds,
+                                    idle_seconds=plan.loop_seconds_per_run,
                                     **common,
                                 ),
                             ),
                             (
                                 LATENCY,
-                                partial(measure_latency, samples=config.latency_samples, **common),
+                                partial(measure_latency, samples=plan.samples_per_run, **common),
                             ),
                         ],
                         progress,
-                        f"{label} {name} (run {rep + 1})",
+                        f"{label} {name} (run {rep + 1}/{config.repeat})",
                     )
                     cache_bypass[name] = bypass
                     per_tier[name]["throughput"].append(results[THROUGHPUT])
@@ -306,12 +353,12 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
                     per_tier[name]["latency"].append(results[LATENCY])
 
                 if fio_path:
-                    progress.step(f"{label} fio ceiling (run {rep + 1})")
+                    progress.step(f"{label} fio ceiling (run {rep + 1}/{config.repeat})")
                     fio_runs.append(
                         run_fio(
                             scratch / f"fio-{block_size}-{rep}",
                             block_size=block_size,
-                            total_bytes=total,
+                            total_bytes=per_run,
                             numjobs=config.threads,
                             direct=direct,
                         )
@@ -324,12 +371,13 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
             "block_size": block_size,
             "label": label,
             "blocks": n,
-            "bytes": n * block_size,
+            "bytes": n * block_size * config.repeat,
+            "bytes_per_run": n * block_size,
             "tiers": {},
         }
         for name, phases in per_tier.items():
             entry["tiers"][name] = {
-                "throughput": _aggregate(
+                "throughput": summarize_runs(
                     phases["throughput"],
                     (
                         "store_gbps",
@@ -340,23 +388,22 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
                         "first_store_cpu_s_per_gib",
                     ),
                 ),
-                "interference": _aggregate(
+                "interference": summarize_runs(
                     phases["interference"], ("idle_iter_per_s", "busy_iter_per_s", "ratio")
                 ),
                 "latency": _aggregate_latency(phases["latency"]),
             }
         if fio_runs:
-            fio = _aggregate(
+            fio = summarize_runs(
                 fio_runs, ("write_gbps", "read_gbps", "write_cpu_s_per_gib", "read_cpu_s_per_gib")
             )
-            fio["write_command"] = fio_runs[0]["write_command"]
-            fio["read_command"] = fio_runs[0]["read_command"]
+            for key in ("write_command", "read_command", "numjobs", "size_per_job", "direct"):
+                fio[key] = fio_runs[0][key]  # the same in every run
             entry["fio"] = fio
             for t in entry["tiers"].values():
                 t["throughput"]["store_vs_fio"] = t["throughput"]["store_gbps"] / fio["write_gbps"]
                 t["throughput"]["load_vs_fio"] = t["throughput"]["load_gbps"] / fio["read_gbps"]
         sizes.append(entry)
-    progress.close()
 
     results = {
         "kvtier_version": kvtier.__version__,
@@ -366,14 +413,21 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
         "config": {
             "root": str(root),
             "block_sizes": list(config.block_sizes),
-            "bytes_per_block_size": total,
+            "bytes_per_block_size": per_run * config.repeat,
+            "bytes_per_run": per_run,
             "blocks_per_job": config.blocks_per_job,
             "read_threads": config.read_threads,
             "write_threads": config.write_threads,
             "repeat": config.repeat,
             "latency_samples": config.latency_samples,
             "loop_seconds": config.loop_seconds,
-            "statistic": "median over repeats" if config.repeat > 1 else "single run",
+            "statistic": (
+                f"median of {config.repeat} runs, spread = [min, max], noisy when max/min > "
+                f"{NOISY_RATIO}"
+                if config.repeat > 1
+                else "single run"
+            ),
+            "noisy_ratio": NOISY_RATIO,
         },
         "cache_bypass": cache_bypass,
         "peers": peers,
@@ -381,5 +435,4 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
         "sizes": sizes,
         "notes": notes,
     }
-    results["targets"] = evaluate_targets(results)
     return results

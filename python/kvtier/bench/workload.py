@@ -221,8 +221,11 @@ class KvtierDriver:
             config["worker_nice"] = worker_nice
         try:
             self._tier = SecondaryTierFactory.create_secondary_tier(config, primary.view, spec)
-        except (OSError, ValueError) as exc:
-            raise BenchError(f"cannot create the kvtier fs tier at {root}: {exc}") from exc
+        except ValueError as exc:
+            raise BenchError(f"the kvtier fs tier refused the settings: {exc}") from exc
+        except OSError as exc:
+            # The path would be the scratch directory, which the user never chose.
+            raise BenchError(f"the kvtier fs tier cannot start on --root: {exc.strerror}") from exc
         direct = getattr(self._tier, "direct_io", None)
         if direct is None:  # a tier without the property: probe the way its engine does
             direct = _core.probe_o_direct(str(root)) == ""
