@@ -1,4 +1,5 @@
-"""The `kvtier` command: `kvtier bench` (measure your storage) and `kvtier info`."""
+"""The `kvtier` command: `kvtier bench` (measure your storage), `kvtier info`, and `kvtier gc`
+and `kvtier du` (capacity, in cli_capacity.py)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         prog="kvtier",
         description="kvtier: storage tiers for LLM KV-cache blocks.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{bench,info}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{bench,info,gc,du}", parser_class=_Parser)
     sub.required = True
 
     bench = sub.add_parser(
@@ -174,7 +175,9 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         default=Path("."),
         help="directory to probe for O_DIRECT (default: .)",
     )
-    return parser, {"bench": bench, "info": info}
+    from kvtier.cli_capacity import add_commands
+
+    return parser, {"bench": bench, "info": info, **add_commands(sub)}
 
 
 def _check_output_path(path: Path, option: str) -> None:
@@ -319,6 +322,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             # the `finally` blocks that shut the tiers down and remove the scratch directory.
             signal.signal(signal.SIGTERM, _exit_on_sigterm)
             return _bench(args)
+        if args.command in ("gc", "du"):
+            from kvtier.cli_capacity import run_du, run_gc
+
+            if args.command == "gc":
+                signal.signal(signal.SIGTERM, _exit_on_sigterm)
+            return run_gc(args) if args.command == "gc" else run_du(args)
         return _info(args)
     except KeyboardInterrupt:
         print(f"kvtier {args.command}: interrupted", file=sys.stderr)

@@ -9,6 +9,7 @@ if it gets the root's evictor lock.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import itertools
 import logging
@@ -31,6 +32,9 @@ logger = logging.getLogger(__name__)
 TICK_SECONDS = 1.0
 # A full scan recounts the root at least this often (crashed writers, external deletes).
 RECONCILE_SECONDS = 300.0
+# A root without a ledger is counted before the constructor returns if it holds at most this
+# many files; larger ones are counted in the background (see _pass) under the statvfs bound.
+STARTUP_SCAN_FILES = 4096
 # Per-instance budget chunk: at most this much, and at most 1/64 of max_bytes.
 MAX_CHUNK_BYTES = 64 << 20
 _instances = itertools.count()
@@ -54,8 +58,8 @@ class CapacityController:
         on_evicted: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.root = os.path.abspath(root)
-        self.policy = policy
         self.file_bytes = block_file_bytes(payload_bytes)
+        self.policy = dataclasses.replace(policy, file_bytes=self.file_bytes)
         self.ledger = UsageLedger(self.root, file_mode)
         self.recency = RecencyLog()
         self._file_mode = file_mode
@@ -71,7 +75,11 @@ class CapacityController:
         self._inflight = 0  # given to stores that have not finished
         self._committed = 0  # new block files not yet moved into the ledger's "files"
         self._state: LedgerState = self.ledger.read()
+        if not self._state.complete:
+            self._count_small_root()
         self._below_floor = False
+        self._admitted_since_statvfs = 0
+        self._free_check_bytes = 0  # statvfs at the first admission
         self._last_write = 0.0
         self.evicted_blocks = self.evicted_bytes = self.rejected_stores = 0
         with _registry_lock:
@@ -82,11 +90,23 @@ class CapacityController:
         self._thread = threading.Thread(target=self._run, name="kvtier-capacity", daemon=True)
         self._thread.start()
 
+    def _count_small_root(self) -> None:
+        with evictor_lock(self.root, file_mode=self._file_mode) as held:
+            if not held:
+                return
+            added = self.ledger.read().added
+            try:
+                found = survey(self.root, 0, max_files=STARTUP_SCAN_FILES)
+            except Interrupted:
+                return
+            self._state = self.ledger.reconcile(found.total_bytes, added)
+
     # -- hot path --------------------------------------------------------------------------
 
     def admit(self, n_blocks: int) -> str | None:
         """Reserve room for ``n_blocks`` new files; None, or why the store is refused."""
         need = n_blocks * self.file_bytes
+        self._watch_free_space(need)
         with self._lock:
             if self._pool >= need and not (self.policy.eviction == "none" and self._below_floor):
                 self._pool -= need
@@ -116,6 +136,20 @@ class CapacityController:
             return self._refuse(need, "the byte budget is full")
         return None
 
+    def _watch_free_space(self, nbytes: int) -> None:
+        """Notice a shrinking free space between ticks: statvfs again once the stores admitted
+        since the last one could have used FREE_CHECK_FRACTION of the file system."""
+        with self._lock:
+            self._admitted_since_statvfs += nbytes
+            if self._admitted_since_statvfs < self._free_check_bytes:
+                return
+            self._admitted_since_statvfs = 0
+        st = os.statvfs(self.root)
+        self._free_check_bytes = max(self.file_bytes, int(st.f_blocks * st.f_frsize * 0.01))
+        self._below_floor = self.policy.free_need(st) > 0
+        if self._below_floor and self.policy.eviction == "lru":
+            self.request_eviction()
+
     def _refuse(self, need: int, why: str) -> str:
         with self._lock:
             self.rejected_stores += 1
@@ -124,7 +158,7 @@ class CapacityController:
         budget = self.policy.max_bytes
         return (
             f"{os.strerror(errno.ENOSPC)} (errno {errno.ENOSPC}): {why} (need "
-            f"{format_size(need)}, used {format_size(self._state.used)} of max_bytes "
+            f"{format_size(need)}, used {format_size(self._state.bounded_used(0))} of max_bytes "
             f"{'unlimited' if budget is None else format_size(budget)}, "
             f"eviction={self.policy.eviction!r})"
         )

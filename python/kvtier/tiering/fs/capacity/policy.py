@@ -9,8 +9,10 @@ from typing import Literal
 # Eviction starts when accounted usage passes HIGH_WATERMARK x max_bytes and goes down to
 # LOW_WATERMARK x max_bytes, so a full cache evicts in batches rather than per store, and
 # stores keep finding room (the budget refuses a reservation only past max_bytes itself).
+# Small budgets keep at least HEADROOM_FILES block files between the marks and the budget.
 HIGH_WATERMARK = 0.95
 LOW_WATERMARK = 0.90
+HEADROOM_FILES = 16
 # Below the free-space floor, eviction frees this fraction of the file system beyond it.
 FREE_SLACK = 0.01
 MAX_MIN_FREE_FRACTION = 0.9
@@ -21,14 +23,26 @@ class CapacityPolicy:
     max_bytes: int | None = None
     min_free_fraction: float = 0.05
     eviction: Literal["lru", "none"] = "lru"
+    file_bytes: int = 0  # size of one block file, for the headroom of small budgets
 
     @property
     def high_bytes(self) -> int | None:
-        return None if self.max_bytes is None else int(self.max_bytes * HIGH_WATERMARK)
+        if self.max_bytes is None:
+            return None
+        gap = max(
+            self.max_bytes - int(self.max_bytes * HIGH_WATERMARK), HEADROOM_FILES * self.file_bytes
+        )
+        return max(self.max_bytes // 2, self.max_bytes - gap)
 
     @property
     def low_bytes(self) -> int | None:
-        return None if self.max_bytes is None else int(self.max_bytes * LOW_WATERMARK)
+        high = self.high_bytes
+        if self.max_bytes is None or high is None:
+            return None
+        gap = max(
+            self.max_bytes - int(self.max_bytes * LOW_WATERMARK), 2 * HEADROOM_FILES * self.file_bytes
+        )
+        return max(self.max_bytes // 4, min(high, self.max_bytes - gap))
 
     def budget_need(self, used: int) -> int:
         """Bytes to evict for ``used`` accounted bytes (0 while under the high watermark)."""

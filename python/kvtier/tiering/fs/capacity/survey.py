@@ -56,10 +56,16 @@ class Interrupted(Exception):
     """The survey was stopped before it finished (its totals would be partial)."""
 
 
-def survey(root: str, want_bytes: int, stop: threading.Event | None = None) -> Survey:
+def survey(
+    root: str,
+    want_bytes: int,
+    stop: threading.Event | None = None,
+    max_files: int | None = None,
+) -> Survey:
     """Scan ``root`` once; keep the least recently used blocks totalling >= ``want_bytes``.
 
-    Raises Interrupted when ``stop`` is set during the scan (checked every 4096 files).
+    Raises Interrupted when ``stop`` is set during the scan (checked every 4096 files) or
+    the root holds more than ``max_files`` files.
     """
     result = Survey()
     # Max-heap on mtime (negated) of the oldest blocks seen so far; the newest of them is
@@ -68,6 +74,8 @@ def survey(root: str, want_bytes: int, stop: threading.Event | None = None) -> S
     held = 0
     for i, entry in enumerate(scan(root)):
         if stop is not None and not i & 4095 and stop.is_set():
+            raise Interrupted(root)
+        if max_files is not None and i >= max_files:
             raise Interrupted(root)
         usage = result.namespaces.get(entry.namespace)
         if usage is None:
