@@ -67,8 +67,7 @@ def add_commands(sub: Any) -> dict[str, argparse.ArgumentParser]:
     """Register `gc` and `du` on an argparse sub-parsers object; returns them by name."""
     gc = sub.add_parser(
         "gc",
-        help="bring a root within its byte budget and free-space floor (LRU), once or as a "
-        "sidecar",
+        help="bring a root within its byte budget and free-space floor (LRU), once or as a sidecar",
         description="Evict least recently used block files under ROOT until it is within "
         "--max-bytes and the file system has --min-free-fraction free, with the policy the "
         "tiers use (starts above 95%% of the budget, goes down to 90%%). Only block files "

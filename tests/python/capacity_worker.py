@@ -11,7 +11,6 @@ import sys
 import time
 
 import numpy as np
-
 from kvtier.tiering.base import JobMetadata
 from kvtier.tiering.fs.manager import FileSystemTierManager
 from kvtier.tiering.spec import OffloadingSpec

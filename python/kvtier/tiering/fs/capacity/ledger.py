@@ -215,7 +215,9 @@ class UsageLedger:
                     continue
                 leases[lease_id] = (nbytes, beat)
             files = scanned + max(0, s.added - added_at_start)
-            box[0] = dataclasses.replace(s, files=files, complete=True, scanned_at=now, leases=leases)
+            box[0] = dataclasses.replace(
+                s, files=files, complete=True, scanned_at=now, leases=leases
+            )
             return box[0]
 
 

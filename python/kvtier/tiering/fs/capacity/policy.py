@@ -39,9 +39,8 @@ class CapacityPolicy:
         high = self.high_bytes
         if self.max_bytes is None or high is None:
             return None
-        gap = max(
-            self.max_bytes - int(self.max_bytes * LOW_WATERMARK), 2 * HEADROOM_FILES * self.file_bytes
-        )
+        headroom = 2 * HEADROOM_FILES * self.file_bytes
+        gap = max(self.max_bytes - int(self.max_bytes * LOW_WATERMARK), headroom)
         return max(self.max_bytes // 4, min(high, self.max_bytes - gap))
 
     def budget_need(self, used: int) -> int:
