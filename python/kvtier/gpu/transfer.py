@@ -17,6 +17,7 @@ from kvtier._rate_limited_log import RateLimitedLog
 from kvtier.gpu.layout import describe_kv_caches
 from kvtier.gpu.options import GPUTransferOptions
 from kvtier.tiering.base import JobId, JobResult, OffloadKey
+from kvtier.tiering.fs.capacity import CapacityController
 from kvtier.tiering.fs.engine import open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper
 from kvtier.tiering.spec import OffloadingSpec
@@ -35,8 +36,9 @@ class GPUStorageTransfer:
     ``kv_caches`` is a list of tensors (all CUDA tensors on one device, or all CPU tensors) in
     which dimension ``block_dim`` indexes blocks. ``options`` are the fs tier's storage
     options (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
-    ``durability``, ``file_mode``) plus ``staging_bytes_total``, ``staging_buffer_bytes`` and
-    ``numa_bind``. With the same ``offloading_spec`` and ``root_dir`` an ``fs`` tier whose
+    ``durability``, ``file_mode``, and the capacity options ``max_bytes``,
+    ``min_free_fraction``, ``eviction``) plus ``staging_bytes_total``, ``staging_buffer_bytes``
+    and ``numa_bind``. With the same ``offloading_spec`` and ``root_dir`` an ``fs`` tier whose
     primary rows are ``block_bytes`` long reads and writes the same files.
     """
 
@@ -81,7 +83,13 @@ class GPUStorageTransfer:
             use_cuda=self._on_gpu,
             cuda_device=self.device.index if self._on_gpu and self.device.index is not None else -1,
         )
+        # Stores hold budget on the root like the fs tier's; a refused store is a failed job.
+        self._capacity = CapacityController(
+            opts.root_dir, opts.capacity_policy(), self.block_bytes, opts.file_mode
+        )
+        self._refused: list[JobResult] = []
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
+        self._admitted: set[JobId] = set()
         self._failure_log = RateLimitedLog(logger)
         self._lock = threading.Lock()
 
@@ -114,10 +122,23 @@ class GPUStorageTransfer:
             import torch  # only GPU callers get here, and they have torch
 
             stream = torch.cuda.current_stream(self.device).cuda_stream
+        store = direction == _core.Direction.STORE
         with self._lock:
             if job_id in self._keys:
                 raise ValueError(f"job id {job_id} is already in flight")
             self._keys[job_id] = keys
+        if store and keys:
+            refusal = self._capacity.admit(len(keys))
+            if refusal is not None:
+                error = f"store: {refusal}"
+                self._failure_log.warning("Job %s block I/O failed: %s", job_id, error)
+                with self._lock:
+                    del self._keys[job_id]
+                    self._refused.append(JobResult(job_id, False, error=error))
+                return
+            with self._lock:
+                self._admitted.add(job_id)
+        self._capacity.record_use(paths)
         try:
             self._engine.submit_blocks(
                 job_id, direction, paths, list(keys), ids, self.layout, stream
@@ -125,14 +146,23 @@ class GPUStorageTransfer:
         except BaseException:
             with self._lock:
                 del self._keys[job_id]
+                admitted = job_id in self._admitted
+                self._admitted.discard(job_id)
+            if admitted:
+                self._capacity.finish_store(len(keys), 0)
             raise
 
     def get_finished(self) -> list[JobResult]:
         """Every submitted job exactly once, as it finishes; never blocks."""
-        results = []
+        with self._lock:
+            results, self._refused = self._refused, []
         for c in self._engine.pop_completions():
             with self._lock:
                 keys = self._keys.pop(c.job_id, ())
+                admitted = c.job_id in self._admitted
+                self._admitted.discard(c.job_id)
+            if admitted:  # c.bytes counts the payload of each file the store created
+                self._capacity.finish_store(len(keys), c.bytes // max(1, self.block_bytes))
             successful = None
             if not c.success and c.direction == _core.Direction.LOAD:
                 successful = [k for k, e in zip(keys, c.block_errnos) if e == 0]
@@ -157,9 +187,10 @@ class GPUStorageTransfer:
     def shutdown(self) -> None:
         """Running block operations finish, queued ones fail (ECANCELED); idempotent."""
         self._engine.shutdown()
+        self._capacity.close()
 
     def stats(self) -> dict[str, int]:
-        return dict(self._engine.stats())
+        return {**self._engine.stats(), **self._capacity.stats()}
 
     @property
     def numa_node(self) -> int:
