@@ -88,12 +88,15 @@ class FileSystemTierManager(SecondaryTierManager):
         self._lookups = LookupCache(
             self.file_mapper.get_file_name, opts.async_lookup, name="kvtier-lookup"
         )
+        self._eviction_listeners: list[Callable[[list[OffloadKey]], None]] = []
         self._capacity = CapacityController(
             opts.root_dir,
             opts.capacity_policy(),
             self._block_size_bytes,
             opts.file_mode,
-            on_evicted=_forget_evicted(self._lookups, self.file_mapper.rank_dir),
+            on_evicted=_forget_evicted(
+                self._lookups, self.file_mapper.rank_dir, self._eviction_listeners
+            ),
         )
         # Stop the resolver and capacity threads even if the tier is dropped without
         # shutdown().
@@ -129,6 +132,14 @@ class FileSystemTierManager(SecondaryTierManager):
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext | None = None) -> None:
         path_of = self.file_mapper.get_file_name
         self._capacity.record_use([path_of(k) for k in keys])
+
+    def add_eviction_listener(self, listener: Callable[[list[OffloadKey]], None]) -> None:
+        """Call ``listener(keys)`` with this tier's blocks whenever this process evicts some.
+
+        It runs on the capacity thread, so it must be quick and thread-safe. Blocks named by
+        a hash of a long key cannot be named back and are not reported.
+        """
+        self._eviction_listeners.append(listener)
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -293,9 +304,13 @@ def _close(lookups: LookupCache, capacity: CapacityController) -> None:
     capacity.close()
 
 
-def _forget_evicted(lookups: LookupCache, rank_dir: str) -> Callable[[list[str]], None]:
-    """Tells ``lookups`` about evicted files of its rank (no reference to the tier: a tier
-    dropped without shutdown() can still be collected)."""
+def _forget_evicted(
+    lookups: LookupCache,
+    rank_dir: str,
+    listeners: list[Callable[[list[OffloadKey]], None]],
+) -> Callable[[list[str]], None]:
+    """Tells ``lookups`` and ``listeners`` about evicted files of its rank (no reference to
+    the tier: a tier dropped without shutdown() can still be collected)."""
     prefix = rank_dir + os.sep
 
     def forget(paths: list[str]) -> None:
@@ -309,6 +324,9 @@ def _forget_evicted(lookups: LookupCache, rank_dir: str) -> Callable[[list[str]]
                 continue
             keys.append(bytes.fromhex(name))
         lookups.mark_absent(keys)
+        if keys:
+            for listener in listeners:
+                listener(keys)
 
     return forget
 
