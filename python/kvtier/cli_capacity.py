@@ -159,7 +159,7 @@ def _gc_work(
     added = known.added if known is not None else 0
     found = survey(root, want + (policy.max_bytes or 0) // 20)
     if ledger is not None:
-        ledger.reconcile(found.total_bytes, added)
+        ledger.reconcile(found.block_bytes, added)  # tmp files: in leases
     need = max(policy.budget_need(found.total_bytes), policy.free_need(os.statvfs(root)))
     if need > sum(e.size for e in found.candidates):  # the estimate was low: pick again
         found = survey(root, need + (policy.max_bytes or 0) // 20)

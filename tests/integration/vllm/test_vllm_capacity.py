@@ -7,9 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from vllm_harness import HAVE_VLLM, ROW_BYTES, SKIP_REASON, Engine, random_keys, random_rows
+from vllm_harness import HAVE_VLLM, ROW_BYTES, SKIP_REASON, Engine, random_keys, random_rows, until
 from vllm_harness import tier_config as make_tier_config
-from vllm_harness import until
 
 if not HAVE_VLLM:
     pytest.skip(SKIP_REASON, allow_module_level=True)
@@ -62,9 +61,7 @@ def test_capacity_counters_reach_vllm_metrics(
 
     config = make_tier_config(tmp_path, max_bytes=BUDGET)
     engine = make_engine([config])
-    definitions = TieringOffloadingSpec.build_metric_definitions(
-        engine.spec.config.extra_config
-    )
+    definitions = TieringOffloadingSpec.build_metric_definitions(engine.spec.config.extra_config)
     for name in ("used_bytes", "capacity_bytes", "evicted_blocks", "evicted_bytes"):
         assert f"vllm:kvtier_{name}" in definitions
     fill(engine, 12)

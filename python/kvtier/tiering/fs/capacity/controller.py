@@ -99,7 +99,7 @@ class CapacityController:
                 found = survey(self.root, 0, max_files=STARTUP_SCAN_FILES)
             except Interrupted:
                 return
-            self._state = self.ledger.reconcile(found.total_bytes, added)
+            self._state = self.ledger.reconcile(found.block_bytes, added)
 
     # -- hot path --------------------------------------------------------------------------
 
@@ -115,19 +115,25 @@ class CapacityController:
         if self.policy.eviction == "none" and self._below_floor:
             return self._refuse(need, "free space is below min_free_fraction")
         with self._ledger_lock:
+            # Settling this lease's finished stores in the same locked write keeps the lease
+            # small (at most about one chunk of unsettled stores) at no extra lock traffic.
             with self._lock:
                 short = max(0, need - self._pool)
+                committed = self._committed
+                lease = self._pool + self._inflight
             floor = 0 if self._state.complete else fs_used_bytes(os.statvfs(self.root))
             granted = False
             for take in dict.fromkeys((max(self.chunk_bytes, short), short)):
-                granted, state = self.ledger.reserve(
-                    self._lease_id, take, self.policy.max_bytes, floor
+                granted, self._state = self.ledger.settle(
+                    self._lease_id, lease, committed, take, self.policy.max_bytes, floor
                 )
-                self._state = state
-                if granted:
-                    with self._lock:
+                with self._lock:
+                    self._committed -= committed
+                    if granted:
                         self._pool += take - need
                         self._inflight += need
+                committed = 0
+                if granted:
                     break
         high = self.policy.high_bytes
         if high is not None and self._state.bounded_used(floor) > high:
@@ -223,7 +229,7 @@ class CapacityController:
             if not force and committed == 0 and lease == held and quiet:
                 self._state = self.ledger.read()
                 return
-            self._state = self.ledger.settle(self._lease_id, lease, committed)
+            _, self._state = self.ledger.settle(self._lease_id, lease, committed)
             self._last_write = time.monotonic()
             with self._lock:
                 self._committed -= committed
@@ -246,6 +252,8 @@ class CapacityController:
             if not held:
                 return  # another process (or gc) is at it; no repeated work
             self.recency.flush()
+            # Finished stores into "files" first: the scan counts their files.
+            self._settle(force=True)
             state = self.ledger.read()
             st = os.statvfs(self.root)
             budget_need, free_need = self._needs(state, st)
@@ -260,7 +268,7 @@ class CapacityController:
                 survey_result = survey(self.root, want, self._stop)
             except Interrupted:
                 return  # closing: the next instance to start recounts
-            self._state = self.ledger.reconcile(survey_result.total_bytes, state.added)
+            self._state = self.ledger.reconcile(survey_result.block_bytes, state.added)
             if not lru:
                 return
             budget_need, free_need = self._needs(self._state, os.statvfs(self.root))
@@ -301,7 +309,7 @@ class CapacityController:
             # Stores still in flight may yet create their files: count them as committed.
             committed = self._committed + self._inflight
             self._pool = self._inflight = self._committed = 0
-            self._state = self.ledger.settle(self._lease_id, 0, committed)
+            _, self._state = self.ledger.settle(self._lease_id, 0, committed)
 
 
 def _in_use_here(root: str) -> Callable[[str], bool]:

@@ -146,38 +146,38 @@ class UsageLedger:
         with self._locked() as box:
             return box[0]
 
-    def reserve(
-        self, lease_id: str, nbytes: int, limit: int | None, floor: int = 0
+    def settle(
+        self,
+        lease_id: str,
+        lease_bytes: int,
+        committed: int,
+        take: int = 0,
+        limit: int | None = None,
+        floor: int = 0,
     ) -> tuple[bool, LedgerState]:
-        """Add ``nbytes`` to a lease if accounted usage stays within ``limit``; returns
-        whether it did and the state after.
+        """Move ``committed`` bytes of a lease into ``files``, set the lease to
+        ``lease_bytes`` (absolute, so a lease dropped as stale is restored; 0 removes it) and
+        add ``take`` to it if accounted usage then stays within ``limit``. Returns whether
+        ``take`` was granted, and the state after.
 
-        ``floor`` is a lower bound of the root's usage that holds even before a first scan has
-        counted it (the file system's used bytes); until then usage is ``max(files, floor)``.
+        ``floor`` is a lower bound of the root's usage that holds even before a first scan
+        has counted it (the file system's used bytes); until then usage is
+        ``max(files, floor)``.
         """
         with self._locked() as box:
             s = box[0]
-            if limit is not None and s.bounded_used(floor) + nbytes > limit:
-                return False, s
-            held = s.leases.get(lease_id, (0, 0.0))[0]
-            leases = {**s.leases, lease_id: (held + nbytes, time.time())}
-            box[0] = dataclasses.replace(s, leases=leases)
-            return True, box[0]
-
-    def settle(self, lease_id: str, lease_bytes: int, committed: int) -> LedgerState:
-        """Move ``committed`` bytes of a lease into ``files`` and set the lease to
-        ``lease_bytes`` (absolute, so a lease dropped as stale is restored); 0 removes it."""
-        with self._locked() as box:
-            s = box[0]
+            files = s.files + committed
+            others = sum(b for k, (b, _) in s.leases.items() if k != lease_id)
+            base = files if s.complete else max(files, floor)
+            granted = limit is None or base + others + lease_bytes + take <= limit
+            held = lease_bytes + (take if granted else 0)
             leases = dict(s.leases)
-            if lease_bytes > 0:
-                leases[lease_id] = (lease_bytes, time.time())
+            if held > 0:
+                leases[lease_id] = (held, time.time())
             else:
                 leases.pop(lease_id, None)
-            box[0] = dataclasses.replace(
-                s, files=s.files + committed, added=s.added + committed, leases=leases
-            )
-            return box[0]
+            box[0] = dataclasses.replace(s, files=files, added=s.added + committed, leases=leases)
+            return granted, box[0]
 
     def add_files(self, nbytes: int) -> None:
         """Count bytes committed by a writer without a lease (``kvtier gc`` never writes)."""

@@ -44,6 +44,12 @@ class Survey:
         return sum(n.bytes for n in self.namespaces.values())
 
     @property
+    def block_bytes(self) -> int:
+        """Block bytes only: what a tier reconciles its ledger with (the tmp files of live
+        writers are in their leases already)."""
+        return sum(n.block_bytes for n in self.namespaces.values())
+
+    @property
     def blocks(self) -> int:
         return sum(n.blocks for n in self.namespaces.values())
 
