@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -88,6 +89,8 @@ class GPUStorageTransfer:
             opts.root_dir, opts.capacity_policy(), self.block_bytes, opts.file_mode
         )
         self._refused: list[JobResult] = []
+        # Stop the capacity thread even if the transfer is dropped without shutdown().
+        self._finalizer = weakref.finalize(self, self._capacity.close)
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
         self._admitted: set[JobId] = set()
         self._failure_log = RateLimitedLog(logger)
@@ -187,7 +190,7 @@ class GPUStorageTransfer:
     def shutdown(self) -> None:
         """Running block operations finish, queued ones fail (ECANCELED); idempotent."""
         self._engine.shutdown()
-        self._capacity.close()
+        self._finalizer()
 
     def stats(self) -> dict[str, int]:
         return {**self._engine.stats(), **self._capacity.stats()}
