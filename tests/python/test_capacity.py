@@ -332,6 +332,49 @@ def test_restart_into_a_smaller_budget(tmp_path, ledger):
         second.close()
 
 
+CRASHER = """
+import os, signal, sys, numpy as np
+from kvtier.tiering.base import JobMetadata
+from kvtier.tiering.fs.manager import FileSystemTierManager
+from kvtier.tiering.spec import OffloadingSpec
+buf = np.ones((1, int(sys.argv[2])), dtype=np.uint8)
+spec = OffloadingSpec(model_name="org/capacity", dtype="float16", kv_layout="NHD")
+tier = FileSystemTierManager(spec, memoryview(buf), "fs", root_dir=sys.argv[1],
+                             max_bytes=sys.argv[3])
+for i in range(4):
+    tier.submit_store(JobMetadata(i, [bytes(36 - 1) + bytes([i])], np.zeros(1, np.int64),
+                                  False, None))
+tier.drain_jobs()
+os.kill(os.getpid(), signal.SIGKILL)  # dies holding its lease: no shutdown, no settle
+"""
+
+
+def test_budget_of_a_crashed_process_comes_back(tmp_path):
+    """A process killed while holding budget leaves a lease in the ledger; the next tier
+    on this host recounts at once, and the ledger agrees with the files again."""
+    budget = 64 * FILE
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASHER, str(tmp_path), str(ROW), str(budget)],
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == -9, proc.stderr
+    ledger = tmp_path / STATE_DIR_NAME / "usage.json"
+    assert json.loads(ledger.read_text())["leases"]  # the dead process's budget
+    t = Tier(tmp_path, max_bytes=budget)
+    try:
+
+        def recounted() -> bool:
+            state = json.loads(ledger.read_text())
+            others = [k for k in state["leases"] if k.split(":")[1] != str(os.getpid())]
+            return not others and state["files"] == disk_bytes(tmp_path) == 4 * FILE
+
+        wait_for(recounted, "the ledger to drop the dead lease and recount")
+        assert t.store(7).success and t.load(7).success
+    finally:
+        t.close()
+
+
 def test_large_root_without_ledger_starts_at_once_and_reaches_budget(tmp_path):
     """20k small block files written by someone else: the tier does not scan them before
     it starts (STARTUP_SCAN_FILES), counts them in the background and evicts to budget."""

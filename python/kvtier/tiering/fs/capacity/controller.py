@@ -75,6 +75,8 @@ class CapacityController:
         self._inflight = 0  # given to stores that have not finished
         self._committed = 0  # new block files not yet moved into the ledger's "files"
         self._state: LedgerState = self.ledger.read()
+        # A process of this host that died holding budget: recount at once, not in 300 s.
+        self._recount = bool(self.ledger.stale_leases(self._state))
         if not self._state.complete:
             self._count_small_root()
         self._below_floor = False
@@ -242,10 +244,14 @@ class CapacityController:
         st = os.statvfs(self.root)
         budget_need, free_need = self._needs(self._state, st)
         self._below_floor = free_need > 0
-        due = not self._state.complete or time.time() - self._state.scanned_at > RECONCILE_SECONDS
+        due = self._recount or self._reconcile_due(self._state)
         evicting = self.policy.eviction == "lru" and (budget_need or free_need)
         if due or evicting or (asked and self.policy.eviction == "lru"):
             self._pass()
+
+    @staticmethod
+    def _reconcile_due(state: LedgerState) -> bool:
+        return not state.complete or time.time() - state.scanned_at > RECONCILE_SECONDS
 
     def _pass(self) -> None:
         with evictor_lock(self.root, self._file_mode) as held:
@@ -261,7 +267,7 @@ class CapacityController:
             want = max(budget_need, free_need) if lru else 0
             if want:  # keep a few more candidates: some will turn out to be in use
                 want += (self.policy.max_bytes or 0) // 20 + 64 * self.file_bytes
-            due = not state.complete or time.time() - state.scanned_at > RECONCILE_SECONDS
+            due = self._recount or self._reconcile_due(state)
             if not want and not due:
                 return
             try:
@@ -269,6 +275,7 @@ class CapacityController:
             except Interrupted:
                 return  # closing: the next instance to start recounts
             self._state = self.ledger.reconcile(survey_result.block_bytes, state.added)
+            self._recount = False
             if not lru:
                 return
             budget_need, free_need = self._needs(self._state, os.statvfs(self.root))

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME
-from kvtier.tiering.fs.sweep import pid_alive
 
 LEDGER_FILE_NAME = "usage.json"
 # A lease whose holder has not written for this long is dropped by the next reconcile; live
@@ -43,6 +42,17 @@ LEASE_TIMEOUT_SECONDS = 300.0
 
 _registry_lock = threading.Lock()
 _fds: dict[str, tuple[int, threading.Lock]] = {}
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (when unsure: alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it exists, owned by someone else
+    return True
 
 
 def state_dir(root: str) -> str:
@@ -192,6 +202,22 @@ class UsageLedger:
             box[0] = dataclasses.replace(s, files=max(0, s.files - nbytes))
             return box[0]
 
+    def stale_leases(self, state: LedgerState) -> list[str]:
+        """Leases of dead processes of this host, and of holders silent for
+        LEASE_TIMEOUT_SECONDS: what the next reconcile drops."""
+        from kvtier.tiering.fs.file_mapper import host_label
+
+        host, now, stale = host_label(), time.time(), []
+        for lease_id, (_, beat) in state.leases.items():
+            lease_host, _, rest = lease_id.partition(":")
+            pid_text = rest.split(":", 1)[0]
+            pid = int(pid_text) if pid_text.isdigit() else 0
+            if now - beat > LEASE_TIMEOUT_SECONDS or (
+                lease_host == host and pid > 0 and not _pid_alive(pid)
+            ):
+                stale.append(lease_id)
+        return stale
+
     def reconcile(self, scanned: int, added_at_start: int) -> LedgerState:
         """Set ``files`` from a full scan that began when ``added`` was ``added_at_start``.
 
@@ -199,21 +225,11 @@ class UsageLedger:
         on top (an over-count until the next scan, never an under-count). Leases of dead
         processes of this host and of holders silent for LEASE_TIMEOUT_SECONDS are dropped.
         """
-        from kvtier.tiering.fs.file_mapper import host_label
-
-        host = host_label()
         now = time.time()
         with self._locked() as box:
             s = box[0]
-            leases = {}
-            for lease_id, (nbytes, beat) in s.leases.items():
-                lease_host, _, rest = lease_id.partition(":")
-                pid = int(rest.split(":", 1)[0]) if rest.split(":", 1)[0].isdigit() else 0
-                if now - beat > LEASE_TIMEOUT_SECONDS:
-                    continue
-                if lease_host == host and pid and not pid_alive(pid):
-                    continue
-                leases[lease_id] = (nbytes, beat)
+            stale = set(self.stale_leases(s))
+            leases = {k: v for k, v in s.leases.items() if k not in stale}
             files = scanned + max(0, s.added - added_at_start)
             box[0] = dataclasses.replace(
                 s, files=files, complete=True, scanned_at=now, leases=leases
