@@ -251,8 +251,11 @@ def test_two_hosts_evict_one_root(tmp_path):
     assert leases == {}  # both hosts handed their budget back
 
 
-def test_hot_blocks_outlive_blocks_stored_once(tmp_path):
-    budget = 64 * FILE  # eviction runs from 48 files down to 32 (policy.py watermarks)
+@pytest.mark.parametrize("use", ["load", "store", "lookup", "touch"])
+def test_hot_blocks_outlive_blocks_stored_once(tmp_path, use):
+    """Every kind of use (a load, a store of a block already there, a lookup hit, touch)
+    keeps a working set alive while blocks stored once are evicted."""
+    budget = 64 * FILE
     t = Tier(tmp_path, max_bytes=budget)
     try:
         hot = [0, 1, 2, 3]
@@ -261,8 +264,16 @@ def test_hot_blocks_outlive_blocks_stored_once(tmp_path):
         for i in range(100, 300):
             t.store(i)
             if i % 4 == 0:
-                for h in hot:
-                    assert t.load(h).success, f"hot block {h} was evicted"
+                if use == "load":
+                    assert all(t.load(h).success for h in hot), "a hot block was evicted"
+                elif use == "store":  # each re-store must find the block still there
+                    skips = t.stats()["dedup_skips"]
+                    assert all(t.store(h).success for h in hot)
+                    assert t.stats()["dedup_skips"] == skips + len(hot), "a hot block was evicted"
+                elif use == "lookup":
+                    assert all(t.tier.lookup(key(h), CTX) for h in hot)
+                else:
+                    t.tier.touch([key(h) for h in hot], CTX)
         wait_for(lambda: t.stats()["evicted_blocks"] > 100, "evictions")
         assert all(t.load(h).success for h in hot)
         assert not t.load(100).success  # the oldest cold blocks went

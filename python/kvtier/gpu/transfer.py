@@ -141,7 +141,8 @@ class GPUStorageTransfer:
                 return
             with self._lock:
                 self._admitted.add(job_id)
-        self._capacity.record_use(paths)
+        if not store:
+            self._capacity.record_use(paths)
         try:
             self._engine.submit_blocks(
                 job_id, direction, paths, list(keys), ids, self.layout, stream
@@ -165,7 +166,13 @@ class GPUStorageTransfer:
                 admitted = c.job_id in self._admitted
                 self._admitted.discard(c.job_id)
             if admitted:  # c.bytes counts the payload of each file the store created
-                self._capacity.finish_store(len(keys), c.bytes // max(1, self.block_bytes))
+                new_blocks = c.bytes // max(1, self.block_bytes)
+                self._capacity.finish_store(len(keys), new_blocks)
+                if new_blocks < len(keys):  # some were there already: this store used them
+                    path_of = self.file_mapper.get_file_name
+                    self._capacity.record_use(
+                        [path_of(k) for k, e in zip(keys, c.block_errnos) if e == 0]
+                    )
             successful = None
             if not c.success and c.direction == _core.Direction.LOAD:
                 successful = [k for k, e in zip(keys, c.block_errnos) if e == 0]

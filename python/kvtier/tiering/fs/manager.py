@@ -191,8 +191,8 @@ class FileSystemTierManager(SecondaryTierManager):
                 self._jobs[job.job_id] = _Job(False, keys, admitted=True)
         try:
             blocks = self._blocks(keys, block_ids)
-            self._capacity.record_use([b[0] for b in blocks])
             if is_load:
+                self._capacity.record_use([b[0] for b in blocks])
                 self._engine.submit_load(job.job_id, blocks)
             else:
                 self._engine.submit_store(job.job_id, blocks)
@@ -239,8 +239,13 @@ class FileSystemTierManager(SecondaryTierManager):
         errnos = c.block_errnos
         if job is not None and job.admitted:
             # The engine counts a block's payload in c.bytes only when it wrote a file (a key
-            # already on disk is skipped): that many new files now hold budget.
-            self._capacity.finish_store(len(keys), c.bytes // max(1, self._block_size_bytes))
+            # already on disk is skipped): that many new files now hold budget. A new file's
+            # mtime is its use; a block that was there already is used by this store.
+            new_blocks = c.bytes // max(1, self._block_size_bytes)
+            self._capacity.finish_store(len(keys), new_blocks)
+            if new_blocks < len(keys):
+                path_of = self.file_mapper.get_file_name
+                self._capacity.record_use([path_of(k) for k, e in zip(keys, errnos) if e == 0])
         ok_keys = [k for k, e in zip(keys, errnos) if e == 0]
         # Files that exist are worth remembering; a load that failed verification or found no
         # file means the block is gone (the core removed a corrupt file).

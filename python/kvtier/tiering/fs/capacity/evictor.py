@@ -16,12 +16,15 @@ import fcntl
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvtier.tiering.fs.capacity.ledger import shared_fd, state_dir
 from kvtier.tiering.fs.capacity.scanner import FileEntry, is_block_name
 
 EVICTOR_LOCK_NAME = "evictor.lock"
+UNLINK_WORKERS = 8
+WAVE_FILES = 256  # at most this many unlinks between two ledger updates
 
 
 @contextlib.contextmanager
@@ -62,50 +65,70 @@ def evict(
     in_use: Callable[[str], bool] = lambda path: False,
     dry_run: bool = False,
     on_batch: Callable[[list[str], int], None] | None = None,
-    batch: int = 256,
     stop: threading.Event | None = None,
+    workers: int = UNLINK_WORKERS,
 ) -> Evicted:
     """Unlink candidates (oldest first) until ``need_bytes`` are freed.
 
     A candidate whose mtime moved since the scan, or that ``in_use`` says was used and not
-    yet flushed, is kept. ``on_batch(paths, bytes)`` is called after every ``batch`` unlinks
-    and at the end, so budgets and lookup caches learn of evictions while they happen.
+    yet flushed, is kept. Unlinks run on ``workers`` threads (unlink is the slow part, and
+    it releases the GIL) in waves of the oldest candidates that cover what is still needed;
+    ``on_batch(paths, bytes)`` is called after each wave, so budgets and lookup caches learn
+    of evictions while they happen.
     """
     done = Evicted()
-    pending: list[str] = []
-    pending_bytes = 0
-    for entry in candidates:
-        if done.bytes >= need_bytes or (stop is not None and stop.is_set()):
-            break
-        if not is_block_name(os.path.basename(entry.path)):
-            continue  # scanners only offer blocks; this keeps any other file out of reach
-        if in_use(entry.path):
-            done.skipped_recent += 1
-            continue
-        try:
-            st = os.lstat(entry.path)
-        except FileNotFoundError:
-            done.vanished += 1
-            continue
-        if st.st_mtime_ns != entry.mtime_ns:
-            done.skipped_recent += 1
-            continue
-        if not dry_run:
-            try:
-                os.unlink(entry.path)
-            except FileNotFoundError:
-                done.vanished += 1
-                continue
-        done.paths.append(entry.path)
-        done.bytes += st.st_size
-        pending.append(entry.path)
-        pending_bytes += st.st_size
-        if on_batch is not None and len(pending) >= batch:
-            on_batch(pending, pending_bytes)
-            pending, pending_bytes = [], 0
-    if on_batch is not None and pending:
-        on_batch(pending, pending_bytes)
+    pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 and not dry_run else None
+    i = 0
+    try:
+        while i < len(candidates) and done.bytes < need_bytes:
+            if stop is not None and stop.is_set():
+                break
+            start, covered = i, 0
+            while i < len(candidates) and i - start < WAVE_FILES:
+                if covered >= need_bytes - done.bytes and i - start >= workers:
+                    break
+                covered += candidates[i].size
+                i += 1
+            wave = candidates[start:i]
+            one = lambda e: _evict_one(e, in_use, dry_run)  # noqa: E731
+            outcomes = list(pool.map(one, wave)) if pool is not None else [one(e) for e in wave]
+            paths, nbytes = [], 0
+            for entry, outcome in zip(wave, outcomes):
+                if outcome is None:
+                    done.vanished += 1
+                elif outcome < 0:
+                    done.skipped_recent += 1
+                else:
+                    paths.append(entry.path)
+                    nbytes += outcome
+            done.paths += paths
+            done.bytes += nbytes
+            if on_batch is not None and paths:
+                on_batch(paths, nbytes)
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return done
+
+
+def _evict_one(entry: FileEntry, in_use: Callable[[str], bool], dry_run: bool) -> int | None:
+    """Bytes freed; -1 for a block kept (used since the scan); None if it was gone."""
+    if not is_block_name(os.path.basename(entry.path)):
+        return -1  # scanners only offer blocks; this keeps any other file out of reach
+    if in_use(entry.path):
+        return -1
+    try:
+        st = os.lstat(entry.path)
+    except FileNotFoundError:
+        return None
+    if st.st_mtime_ns != entry.mtime_ns:
+        return -1
+    if not dry_run:
+        try:
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            return None  # another evictor was first: not ours to uncount
+    return st.st_size
 
 
 __all__ = ["EVICTOR_LOCK_NAME", "Evicted", "evict", "evictor_lock"]
