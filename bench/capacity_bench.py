@@ -3,11 +3,13 @@
 
     python bench/capacity_bench.py steady  [--root DIR] [--budget 256M] [--total 768M] [--repeat 3]
     python bench/capacity_bench.py recency [--root DIR] [--samples 2000] [--repeat 3]
+    python bench/capacity_bench.py evict   [--root DIR] [--total 1G]
     python bench/capacity_bench.py million [--root DIR] [--files 1000000] [--budget-fraction 0.5]
 
 steady:  store throughput with a full cache (every store makes room) against the same run
          without a budget, at 256 KiB and 2 MiB blocks, alternating run by run; CPU per GiB
          evicted = extra process CPU (all threads) of the budgeted run / GiB it evicted.
+evict:   process CPU and wall seconds per GiB to survey and evict real block files.
 recency: p50 latency of one-block loads with the tier's recency bookkeeping against the
          same tier with it switched off (record_use replaced by a no-op), alternating.
 million: makes N small block files (sparse, 8 KiB each) with make_block_tree, then times a
@@ -33,7 +35,9 @@ from pathlib import Path
 import numpy as np
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity import block_file_bytes, format_size, parse_size
+from kvtier.tiering.fs.capacity.evictor import evict
 from kvtier.tiering.fs.capacity.ledger import UsageLedger
+from kvtier.tiering.fs.capacity.survey import survey
 from kvtier.tiering.fs.manager import FileSystemTierManager
 from kvtier.tiering.spec import OffloadingSpec
 
@@ -67,7 +71,9 @@ def collect(tier: FileSystemTierManager, sizes: dict[int, int]) -> tuple[int, in
     return failed, stored
 
 
-def store_run(root: Path, row: int, total: int, budget: int | None, first: int) -> dict:
+def store_run(
+    root: Path, row: int, total: int, budget: int | None, first: int, inflight: int = 8
+) -> dict:
     rows = np.random.default_rng(0).integers(0, 256, (64, row), dtype=np.uint8)
     tier = FileSystemTierManager(
         SPEC, memoryview(rows), "fs", root_dir=str(root), max_bytes=budget, min_free_fraction=0
@@ -96,7 +102,7 @@ def store_run(root: Path, row: int, total: int, budget: int | None, first: int) 
             ids = np.arange(len(keys), dtype=np.int64) % 64
             sizes[10**9 + j] = len(keys) * row
             tier.submit_store(JobMetadata(10**9 + j, keys, ids, False, CTX))
-            if len(sizes) >= 32:  # keep the store queue short, as an engine's would be
+            if len(sizes) >= inflight:  # an engine's stores in flight are bounded too
                 tier.drain_jobs()
                 f, b = collect(tier, sizes)
                 failed, stored = failed + f, stored + b
@@ -124,7 +130,9 @@ def steady(args: argparse.Namespace) -> dict:
         for rep in range(args.repeat):
             for name, budget in (("no budget", None), ("budget", args.budget)):
                 with scratch(args.root) as root:
-                    runs[name].append(store_run(root, row, args.total, budget, 10**6 * (rep + 1)))
+                    runs[name].append(
+                        store_run(root, row, args.total, budget, 10**6 * (rep + 1), args.inflight)
+                    )
         base = statistics.median(r["gbps"] for r in runs["no budget"])
         full = statistics.median(r["gbps"] for r in runs["budget"])
         extra_cpu = statistics.median(
@@ -141,6 +149,34 @@ def steady(args: argparse.Namespace) -> dict:
             "runs": runs,
         }
         print(json.dumps({k: v for k, v in out[format_size(row)].items() if k != "runs"}))
+    return out
+
+
+def evict_cost(args: argparse.Namespace) -> dict:
+    """Process CPU seconds (all threads) and wall seconds per GiB to survey and evict real
+    block files (written with data, so unlink frees extents as it would in a cache)."""
+    out = {}
+    for row in (256 << 10, 2 << 20):
+        with scratch(args.root) as root:
+            n = args.total // row
+            data = os.urandom(block_file_bytes(row))
+            for i in range(n):
+                d = root / "ns" / "rank-0" / f"{i & 0xFF:02x}"
+                d.mkdir(parents=True, exist_ok=True)
+                (d / f"{i:072x}.kvb").write_bytes(data)
+            os.sync()
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            found = survey(str(root), 1 << 62)
+            done = evict(found.candidates, 1 << 62)
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+        gib = done.bytes / 2**30
+        out[format_size(row)] = {
+            "files": len(done.paths),
+            "gib": round(gib, 3),
+            "cpu_s_per_gib": round(cpu / gib, 3),
+            "wall_s_per_gib": round(wall / gib, 3),
+        }
+        print(json.dumps({format_size(row): out[format_size(row)]}))
     return out
 
 
@@ -254,7 +290,7 @@ def million(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
-    for name in ("steady", "recency", "million"):
+    for name in ("steady", "recency", "evict", "million"):
         p = sub.add_parser(name)
         p.add_argument("--root", type=Path, default=Path("."))
         p.add_argument("--json", type=Path)
@@ -262,14 +298,18 @@ def main() -> None:
             p.add_argument("--budget", type=parse_size, default=256 << 20)
             p.add_argument("--total", type=parse_size, default=768 << 20)
             p.add_argument("--repeat", type=int, default=3)
+            p.add_argument("--inflight", type=int, default=8, help="store jobs in flight")
         if name == "recency":
             p.add_argument("--samples", type=int, default=2000)
             p.add_argument("--repeat", type=int, default=3)
+        if name == "evict":
+            p.add_argument("--total", type=parse_size, default=1 << 30)
         if name == "million":
             p.add_argument("--files", type=int, default=1_000_000)
             p.add_argument("--budget-fraction", type=float, default=0.5)
     args = parser.parse_args()
-    result = {"steady": steady, "recency": recency, "million": million}[args.what](args)
+    commands = {"steady": steady, "recency": recency, "evict": evict_cost, "million": million}
+    result = commands[args.what](args)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 
