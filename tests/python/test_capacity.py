@@ -55,6 +55,18 @@ def block_paths(root: Path) -> list[Path]:
     return [p for p in root.rglob("*.kvb")]
 
 
+def settled(root: Path):
+    """A condition: the set of block files did not change over the last 1.5 s (longer than
+    a capacity tick), so an eviction pass has finished."""
+
+    def check() -> bool:
+        before = set(block_paths(root))
+        time.sleep(1.5)
+        return before == set(block_paths(root))
+
+    return check
+
+
 class Tier:
     """An fs tier with a two-row primary buffer and blocking store/load helpers."""
 
@@ -335,6 +347,7 @@ def test_restart_into_a_smaller_budget(tmp_path, ledger):
     second = Tier(tmp_path, max_bytes=budget)
     try:
         wait_for(lambda: disk_bytes(tmp_path) <= budget, "the smaller budget")
+        wait_for(settled(tmp_path), "eviction to finish")
         names = {p.name for p in block_paths(tmp_path)}
         left = [i for i in range(40) if f"{key(i).hex()}.kvb" in names]
         assert left and all(second.load(i).success for i in left)

@@ -80,6 +80,11 @@ class CapacityController:
         if not self._state.complete:
             self._count_small_root()
         self._below_floor = False
+        # How fast this instance takes budget and how long an eviction pass takes: their
+        # product (doubled) is how early eviction starts (CapacityPolicy.budget_need's lead).
+        self._rate = 0.0  # bytes/s, moving average over reservations
+        self._last_reserve = time.monotonic()
+        self._pass_seconds = self._survey_seconds = 0.0
         self._admitted_since_statvfs = 0
         self._free_check_bytes = 0  # statvfs at the first admission
         self._last_write = 0.0
@@ -136,9 +141,12 @@ class CapacityController:
                         self._inflight += need
                 committed = 0
                 if granted:
+                    now = time.monotonic()
+                    elapsed = max(now - self._last_reserve, 1e-3)
+                    self._rate = 0.7 * self._rate + 0.3 * (take / elapsed)
+                    self._last_reserve = now
                     break
-        high = self.policy.high_bytes
-        if high is not None and self._state.bounded_used(floor) > high:
+        if self.policy.budget_need(self._state.bounded_used(floor), self._lead()):
             self.request_eviction()
         if not granted:
             return self._refuse(need, "the byte budget is full")
@@ -236,9 +244,12 @@ class CapacityController:
             with self._lock:
                 self._committed -= committed
 
+    def _lead(self) -> int:
+        return int(2 * self._rate * self._pass_seconds)
+
     def _needs(self, state: LedgerState, st: os.statvfs_result) -> tuple[int, int]:
         used = state.bounded_used(fs_used_bytes(st))
-        return self.policy.budget_need(used), self.policy.free_need(st)
+        return self.policy.budget_need(used, self._lead()), self.policy.free_need(st)
 
     def _maybe_pass(self, asked: bool) -> None:
         st = os.statvfs(self.root)
@@ -271,16 +282,24 @@ class CapacityController:
             if not want and not due:
                 return
             try:
+                started = time.monotonic()
                 survey_result = survey(self.root, want, self._stop)
+                self._survey_seconds = time.monotonic() - started
             except Interrupted:
                 return  # closing: the next instance to start recounts
-            self._state = self.ledger.reconcile(survey_result.block_bytes, state.added)
-            self._recount = False
+            if due:
+                # Only when due: stores settled while the scan ran are counted twice (seen by
+                # it and added on top), an over-count that lasts until the next reconcile.
+                self._state = self.ledger.reconcile(survey_result.block_bytes, state.added)
+                self._recount = False
+            else:
+                self._state = self.ledger.read()
             if not lru:
                 return
             budget_need, free_need = self._needs(self._state, os.statvfs(self.root))
             need = max(budget_need, free_need)
             if need:
+                started = time.monotonic()
                 evict(
                     survey_result.candidates,
                     need,
@@ -288,6 +307,7 @@ class CapacityController:
                     on_batch=self._evicted,
                     stop=self._stop,
                 )
+                self._pass_seconds = time.monotonic() - started + self._survey_seconds
             self._below_floor = self.policy.free_need(os.statvfs(self.root)) > 0
 
     def _evicted(self, paths: list[str], nbytes: int) -> None:

@@ -45,12 +45,19 @@ class CapacityPolicy:
         gap = max(self.max_bytes - int(self.max_bytes * LOW_WATERMARK), headroom)
         return max(self.max_bytes // 4, min(high, self.max_bytes - gap))
 
-    def budget_need(self, used: int) -> int:
-        """Bytes to evict for ``used`` accounted bytes (0 while under the high watermark)."""
-        high, low = self.high_bytes, self.low_bytes
-        if high is None or low is None or used <= high:
+    def budget_need(self, used: int, lead: int = 0) -> int:
+        """Bytes to evict for ``used`` accounted bytes (0 while under the high watermark).
+
+        ``lead`` moves both watermarks down (to at most half / a quarter of the budget): the
+        bytes stores are expected to add while one eviction pass runs, so that a fast writer
+        does not fill the budget before the pass has made room.
+        """
+        high, low, budget = self.high_bytes, self.low_bytes, self.max_bytes
+        if high is None or low is None or budget is None:
             return 0
-        return used - low
+        high = max(budget // 2, high - lead)
+        low = max(budget // 4, low - lead)
+        return 0 if used <= high else used - low
 
     def free_need(self, st: os.statvfs_result) -> int:
         """Bytes to evict to bring free space back above the floor (0 if it is above)."""
