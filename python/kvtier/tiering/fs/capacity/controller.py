@@ -23,6 +23,7 @@ from kvtier.tiering.fs.capacity.evictor import evict, evictor_lock
 from kvtier.tiering.fs.capacity.ledger import HEARTBEAT_SECONDS, LedgerState, UsageLedger
 from kvtier.tiering.fs.capacity.policy import CapacityPolicy, fs_used_bytes
 from kvtier.tiering.fs.capacity.recency import FLUSH_SECONDS, RecencyLog
+from kvtier.tiering.fs.capacity.scanner import FileEntry
 from kvtier.tiering.fs.capacity.sizes import block_file_bytes, format_size
 from kvtier.tiering.fs.capacity.survey import Interrupted, survey
 from kvtier.tiering.fs.file_mapper import host_label
@@ -35,6 +36,8 @@ RECONCILE_SECONDS = 300.0
 # A root without a ledger is counted before the constructor returns if it holds at most this
 # many files; larger ones are counted in the background (see _pass) under the statvfs bound.
 STARTUP_SCAN_FILES = 4096
+# Candidates of a scan are used for later passes for at most this long.
+CANDIDATES_SECONDS = 30.0
 # Per-instance budget chunk: at most this much, and at most 1/64 of max_bytes.
 MAX_CHUNK_BYTES = 64 << 20
 _instances = itertools.count()
@@ -85,6 +88,9 @@ class CapacityController:
         self._rate = 0.0  # bytes/s, moving average over reservations
         self._last_reserve = time.monotonic()
         self._pass_seconds = self._survey_seconds = 0.0
+        # Least recently used blocks found by the last scan, oldest first, not yet evicted.
+        self._candidates: list[FileEntry] = []
+        self._candidates_at = 0.0
         self._admitted_since_statvfs = 0
         self._free_check_bytes = 0  # statvfs at the first admission
         self._last_write = 0.0
@@ -275,22 +281,30 @@ class CapacityController:
             st = os.statvfs(self.root)
             budget_need, free_need = self._needs(state, st)
             lru = self.policy.eviction == "lru"
-            want = max(budget_need, free_need) if lru else 0
-            if want:  # keep a few more candidates: some will turn out to be in use
-                want += (self.policy.max_bytes or 0) // 20 + 64 * self.file_bytes
+            need = max(budget_need, free_need) if lru else 0
             due = self._recount or self._reconcile_due(state)
-            if not want and not due:
+            if not need and not due:
                 return
-            try:
-                started = time.monotonic()
-                survey_result = survey(self.root, want, self._stop)
-                self._survey_seconds = time.monotonic() - started
-            except Interrupted:
-                return  # closing: the next instance to start recounts
+            reuse = (
+                not due
+                and time.monotonic() - self._candidates_at < CANDIDATES_SECONDS
+                and sum(e.size for e in self._candidates) >= need
+            )
+            if not reuse:
+                # Candidates for about three passes: the next ones skip the scan (a candidate
+                # used or removed since is checked and skipped when its turn comes).
+                want = 3 * need + 64 * self.file_bytes if need else 0
+                try:
+                    started = time.monotonic()
+                    found = survey(self.root, want, self._stop)
+                    self._survey_seconds = time.monotonic() - started
+                except Interrupted:
+                    return  # closing: the next instance to start recounts
+                self._candidates, self._candidates_at = found.candidates, time.monotonic()
             if due:
                 # Only when due: stores settled while the scan ran are counted twice (seen by
                 # it and added on top), an over-count that lasts until the next reconcile.
-                self._state = self.ledger.reconcile(survey_result.block_bytes, state.added)
+                self._state = self.ledger.reconcile(found.block_bytes, state.added)
                 self._recount = False
             else:
                 self._state = self.ledger.read()
@@ -300,13 +314,15 @@ class CapacityController:
             need = max(budget_need, free_need)
             if need:
                 started = time.monotonic()
-                evict(
-                    survey_result.candidates,
+                done = evict(
+                    self._candidates,
                     need,
                     in_use=_in_use_here(self.root),
                     on_batch=self._evicted,
                     stop=self._stop,
                 )
+                tried = len(done.paths) + done.skipped_recent + done.vanished
+                self._candidates = self._candidates[tried:]
                 self._pass_seconds = time.monotonic() - started + self._survey_seconds
             self._below_floor = self.policy.free_need(os.statvfs(self.root)) > 0
 

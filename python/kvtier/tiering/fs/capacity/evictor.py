@@ -90,8 +90,13 @@ def evict(
                 covered += candidates[i].size
                 i += 1
             wave = candidates[start:i]
-            one = lambda e: _evict_one(e, in_use, dry_run)  # noqa: E731
-            outcomes = list(pool.map(one, wave)) if pool is not None else [one(e) for e in wave]
+            if pool is not None:  # one task per worker: a task per file costs more than it saves
+                slices = [wave[w::workers] for w in range(workers)]
+                parts = list(pool.map(lambda part: _evict_all(part, in_use, dry_run), slices))
+                wave = [e for part in slices for e in part]
+                outcomes = [o for part in parts for o in part]
+            else:
+                outcomes = _evict_all(wave, in_use, dry_run)
             paths, nbytes = [], 0
             for entry, outcome in zip(wave, outcomes):
                 if outcome is None:
@@ -109,6 +114,12 @@ def evict(
         if pool is not None:
             pool.shutdown()
     return done
+
+
+def _evict_all(
+    entries: Sequence[FileEntry], in_use: Callable[[str], bool], dry_run: bool
+) -> list[int | None]:
+    return [_evict_one(e, in_use, dry_run) for e in entries]
 
 
 def _evict_one(entry: FileEntry, in_use: Callable[[str], bool], dry_run: bool) -> int | None:
