@@ -399,6 +399,29 @@ def test_budget_of_a_crashed_process_comes_back(tmp_path):
         t.close()
 
 
+def test_blocks_deleted_behind_the_ledgers_back_are_recounted(tmp_path):
+    """Files removed by someone else (rm, an old gc) make the ledger over-count; the next
+    eviction pass's scan notices and recounts instead of waiting for RECONCILE_SECONDS."""
+    budget = 64 * FILE
+    t = Tier(tmp_path, max_bytes=budget, min_free_fraction=0)
+    try:
+        for i in range(40):
+            assert t.store(i).success
+        for path in block_paths(tmp_path):
+            path.unlink()
+        for i in range(100, 200):
+            assert t.store(i).success
+        ledger = tmp_path / STATE_DIR_NAME / "usage.json"
+
+        def agrees() -> bool:
+            return json.loads(ledger.read_text())["files"] == disk_bytes(tmp_path)
+
+        wait_for(settled(tmp_path), "eviction to finish")
+        wait_for(agrees, "the ledger to agree with the files")
+    finally:
+        t.close()
+
+
 def test_large_root_without_ledger_starts_at_once_and_reaches_budget(tmp_path):
     """20k small block files written by someone else: the tier does not scan them before
     it starts (STARTUP_SCAN_FILES), counts them in the background and evicts to budget."""

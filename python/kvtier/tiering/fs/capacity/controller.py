@@ -251,7 +251,9 @@ class CapacityController:
                 self._committed -= committed
 
     def _lead(self) -> int:
-        return int(2 * self._rate * self._pass_seconds)
+        # Capped: a burst must not make the cache evict most of itself.
+        cap = (self.policy.max_bytes or 0) // 10
+        return min(cap, int(2 * self._rate * self._pass_seconds))
 
     def _needs(self, state: LedgerState, st: os.statvfs_result) -> tuple[int, int]:
         used = state.bounded_used(fs_used_bytes(st))
@@ -301,9 +303,14 @@ class CapacityController:
                 except Interrupted:
                     return  # closing: the next instance to start recounts
                 self._candidates, self._candidates_at = found.candidates, time.monotonic()
+            # Only when due, or when a fresh scan finds far less than the ledger holds (files
+            # removed behind its back): stores settled while the scan ran are counted twice
+            # (seen by it and added on top), an over-count that lasts until the next one.
+            # (The scan cannot legitimately find less: this process holds the evictor lock,
+            # and others' unsettled stores are in their leases, not in "files".)
+            if not reuse and found.block_bytes + 4 * self.file_bytes < state.files:
+                due = True
             if due:
-                # Only when due: stores settled while the scan ran are counted twice (seen by
-                # it and added on top), an over-count that lasts until the next reconcile.
                 self._state = self.ledger.reconcile(found.block_bytes, state.added)
                 self._recount = False
             else:
