@@ -1,4 +1,5 @@
-"""The `kvtier` command: `kvtier bench` (measure your storage) and `kvtier info`."""
+"""The `kvtier` command: `kvtier bench` (measure your storage), `kvtier info`, and `kvtier gc`
+and `kvtier du` (capacity, in cli_capacity.py)."""
 
 from __future__ import annotations
 

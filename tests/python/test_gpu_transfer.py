@@ -555,3 +555,19 @@ def test_built_binaries_have_no_undefined_cuda_symbols():
         assert symbols, f"nm found no undefined symbols in {path.name}"  # nm did read it
         cuda = [s for s in symbols if re.match(r"cuda|cu[A-Z]", s)]  # runtime or driver API
         assert cuda == [], f"{path.name} needs CUDA symbols at link time: {cuda}"
+
+
+def test_transfer_takes_capacity_options(make_transfer, collect_results):
+    """GPUStorageTransfer shares the root's budget: with eviction "none" a store past
+    max_bytes fails with ENOSPC, and blocks already stored still load."""
+    kv = [rand((8, 4096), torch.uint8, seed=5)]
+    file_bytes = 4096 + 4096  # header + one page of payload
+    transfer = make_transfer(kv, max_bytes=3 * file_bytes, eviction="none", min_free_fraction=0)
+    ok = run_job(transfer, collect_results, transfer.store, 1, [0, 1, 2], [key(0), key(1), key(2)])
+    assert ok.success, ok.error
+    refused = run_job(transfer, collect_results, transfer.store, 2, [3], [key(3)])
+    assert not refused.success and "errno 28" in refused.error
+    assert transfer.stats()["rejected_stores"] == 1
+    kv[0][5].zero_()
+    loaded = run_job(transfer, collect_results, transfer.load, 3, [5], [key(0)])
+    assert loaded.success and torch.equal(kv[0][5], kv[0][0])

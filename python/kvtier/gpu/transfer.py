@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from kvtier.gpu.layout import describe_kv_caches
 from kvtier.gpu.options import GPUTransferOptions
 from kvtier.gpu.writable import read_only_tensor
 from kvtier.tiering.base import JobId, JobResult, OffloadKey
+from kvtier.tiering.fs.capacity import CapacityController
 from kvtier.tiering.fs.engine import open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper
 from kvtier.tiering.fs.oserror import naming
@@ -38,8 +40,9 @@ class GPUStorageTransfer:
     ``kv_caches`` is a list of tensors (all CUDA tensors on one device, or all CPU tensors) in
     which dimension ``block_dim`` indexes blocks. ``options`` are the fs tier's storage
     options (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
-    ``durability``, ``file_mode``) plus ``staging_bytes_total``, ``staging_buffer_bytes`` and
-    ``numa_bind``. With the same ``offloading_spec`` and ``root_dir`` an ``fs`` tier whose
+    ``durability``, ``file_mode``, and the capacity options ``max_bytes``,
+    ``min_free_fraction``, ``eviction``) plus ``staging_bytes_total``, ``staging_buffer_bytes``
+    and ``numa_bind``. With the same ``offloading_spec`` and ``root_dir`` an ``fs`` tier whose
     primary rows are ``block_bytes`` long reads and writes the same files.
     """
 
@@ -89,7 +92,15 @@ class GPUStorageTransfer:
         # The engine holds the tensors: their memory stays allocated until its workers have
         # stopped, whatever order this object is torn down in.
         self._engine.keep_alive(self.kv_caches)
+        # Stores hold budget on the root like the fs tier's; a refused store is a failed job.
+        self._capacity = CapacityController(
+            opts.root_dir, opts.capacity_policy(), self.block_bytes, opts.file_mode
+        )
+        self._refused: list[JobResult] = []
+        # Stop the capacity thread even if the transfer is dropped without shutdown().
+        self._finalizer = weakref.finalize(self, self._capacity.close)
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
+        self._admitted: set[JobId] = set()
         self._failure_log = RateLimitedLog(logger)
         self._lock = threading.Lock()
 
@@ -121,6 +132,7 @@ class GPUStorageTransfer:
             import torch  # only GPU callers get here, and they have torch
 
             stream = torch.cuda.current_stream(self.device).cuda_stream
+        store = direction == _core.Direction.STORE
         with self._lock:
             # Entries leave _keys only when get_finished() hands the result out.
             if job_id in self._keys:
@@ -129,6 +141,18 @@ class GPUStorageTransfer:
                     "get_finished()); job ids must be unique until reported"
                 )
             self._keys[job_id] = keys
+        if store and keys:
+            refusal = self._capacity.admit(len(keys))
+            if refusal is not None:
+                error = f"store: {refusal}"
+                self._failure_log.error("Job %s block I/O failed: %s", job_id, error)
+                with self._lock:  # the id stays taken until get_finished() hands this out
+                    self._refused.append(JobResult(job_id, False, error=error))
+                return
+            with self._lock:
+                self._admitted.add(job_id)
+        if not store:
+            self._capacity.record_use(paths)
         try:
             self._engine.submit_blocks(
                 job_id, direction, paths, list(keys), ids, self.layout, stream
@@ -136,15 +160,32 @@ class GPUStorageTransfer:
         except BaseException:
             with self._lock:
                 del self._keys[job_id]
+                admitted = job_id in self._admitted
+                self._admitted.discard(job_id)
+            if admitted:
+                self._capacity.finish_store(len(keys), 0)
             raise
 
     def get_finished(self) -> list[JobResult]:
         """Every submitted job exactly once, as it finishes; never blocks. Safe from several
         threads at once: each job reaches exactly one caller."""
-        results = []
+        with self._lock:
+            results, self._refused = self._refused, []
+            for r in results:
+                del self._keys[r.job_id]
         for c in self._engine.pop_completions():
             with self._lock:
                 keys = self._keys.pop(c.job_id, ())
+                admitted = c.job_id in self._admitted
+                self._admitted.discard(c.job_id)
+            if admitted:  # c.bytes counts the payload of each file the store created
+                new_blocks = c.bytes // max(1, self.block_bytes)
+                self._capacity.finish_store(len(keys), new_blocks)
+                if new_blocks < len(keys):  # some were there already: this store used them
+                    path_of = self.file_mapper.get_file_name
+                    self._capacity.record_use(
+                        [path_of(k) for k, e in zip(keys, c.block_errnos) if e == 0]
+                    )
             successful = None
             if not c.success and c.direction == _core.Direction.LOAD:
                 successful = [k for k, e in zip(keys, c.block_errnos) if e == 0]
@@ -170,9 +211,10 @@ class GPUStorageTransfer:
     def shutdown(self) -> None:
         """Running block operations finish, queued ones fail (ECANCELED); idempotent."""
         self._engine.shutdown()
+        self._finalizer()
 
     def stats(self) -> dict[str, int]:
-        return dict(self._engine.stats())
+        return {**self._engine.stats(), **self._capacity.stats()}
 
     @property
     def numa_node(self) -> int:

@@ -17,7 +17,8 @@ and a module. In ``kv_connector_extra_config`` of the ``OffloadingConnector``::
 
 Every other key of the entry is an option of kvtier's ``fs`` tier (``n_read_threads``,
 ``n_write_threads``, ``o_direct``, ``checksum``, ``durability``, ``file_mode``,
-``async_lookup``, ``max_queued_store_jobs``), validated by kvtier, plus the keys vLLM itself
+``async_lookup``, ``max_queued_store_jobs``, and the capacity options ``max_bytes``,
+``min_free_fraction``, ``eviction``), validated by kvtier, plus the keys vLLM itself
 understands for storage tiers: ``locality`` (``"LOCAL"`` or ``"REMOTE"``), ``enable_kv_events``
 and ``backpressure`` (which vLLM's factory turns into a detector). See docs/vllm.md.
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import threading
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -91,11 +93,17 @@ VLLM_VERSION: str = _installed_vllm_version()
 _check_vllm_version(VLLM_VERSION)
 
 try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadingConnectorStats,
+    )
     from vllm.v1.kv_offload.base import (
         Locality,
         LookupResult,
         Medium,
+        OffloadingCounterMetadata,
         OffloadingEvent,
+        OffloadingGaugeMetadata,
+        OffloadingMetricMetadata,
         OffloadKey,
         RequestOffloadingContext,
     )
@@ -117,6 +125,20 @@ logger = logging.getLogger(__name__)
 
 # Keys of a tier entry that this adapter consumes itself; the rest go to the fs tier.
 _ADAPTER_OPTIONS: tuple[str, ...] = ("locality", "enable_kv_events")
+
+# Capacity counters in vLLM's Prometheus endpoint (counters get "_total" appended there),
+# labelled by root_dir: several kvtier tiers may be configured.
+_GAUGES = {
+    "used_bytes": "Bytes of block files under the kvtier root, as its usage ledger counts them.",
+    "capacity_bytes": "max_bytes of the kvtier root (0: no byte budget).",
+}
+_COUNTERS = {
+    "evicted_blocks": "kvtier block files this engine evicted.",
+    "evicted_bytes": "Bytes of kvtier block files this engine evicted.",
+    "rejected_stores": "kvtier stores refused for lack of budget (eviction 'none').",
+}
+_METRIC_PREFIX = "vllm:kvtier_"
+_METRIC_LABELS = ("root_dir",)
 
 
 def offloading_spec_from_vllm(spec: VllmOffloadingSpec | OffloadingSpec) -> OffloadingSpec:
@@ -252,6 +274,12 @@ class KvtierFileSystemTier(VllmSecondaryTierManager):
         self._tier = FileSystemTierManager(
             self.kvtier_spec, primary_kv_view, tier_type=tier_type, **options
         )
+        if self._events is not None:
+            # Evictions are found on the capacity thread; take_events() runs on the scheduler's.
+            self._removed: list[OffloadKey] = []
+            self._removed_lock = threading.Lock()
+            self._tier.add_eviction_listener(self._on_evicted)
+        self._reported: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self._requests: dict[str, _RequestState] = {}
         self._in_flight: dict[JobId, _InFlight] = {}
         # Results of jobs that could not even be submitted; reported like any other.
@@ -375,11 +403,55 @@ class KvtierFileSystemTier(VllmSecondaryTierManager):
             transfer_bytes=result.transfer_bytes,
         )
 
+    def _on_evicted(self, keys: list[OffloadKey]) -> None:
+        with self._removed_lock:
+            self._removed.extend(keys)
+
     def take_events(self) -> Iterable[OffloadingEvent]:
-        if not self._events:
+        if self._events is None:
             return ()
+        with self._removed_lock:
+            removed, self._removed = self._removed, []
+        if removed:  # vLLM publishes these as BlockRemoved
+            self._events.append(
+                OffloadingEvent(
+                    keys=removed, medium=self.medium, removed=True, locality=self.locality
+                )
+            )
         events, self._events = self._events, []
         return events
+
+    # -- metrics (vLLM's tier-metrics hooks) ------------------------------------------------
+
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
+        metrics: dict[str, OffloadingMetricMetadata] = {
+            _METRIC_PREFIX + name: OffloadingGaugeMetadata(doc, _METRIC_LABELS)
+            for name, doc in _GAUGES.items()
+        }
+        metrics.update(
+            {
+                _METRIC_PREFIX + name: OffloadingCounterMetadata(doc, _METRIC_LABELS)
+                for name, doc in _COUNTERS.items()
+            }
+        )
+        return metrics
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        """Capacity gauges, and counter increases since the last call."""
+        stats = self._tier.stats()
+        out = OffloadingConnectorStats()
+        labels = (self._tier.options.root_dir,)
+        for name in _GAUGES:
+            out.set_gauge(_METRIC_PREFIX + name, stats[name], labels)
+        for name in _COUNTERS:
+            delta = stats[name] - self._reported[name]
+            if delta:
+                out.increase_counter(_METRIC_PREFIX + name, delta, labels)
+                self._reported[name] = stats[name]
+        return out
 
     def drain_jobs(self) -> None:
         self._tier.drain_jobs()

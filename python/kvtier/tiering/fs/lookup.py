@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from itertools import islice
@@ -18,6 +19,10 @@ _BATCH = 1024
 # asked about again (one stat), which keeps a long-running server's memory flat.
 _MAX_PRESENT = 1 << 20
 _MAX_ANSWERS = 1 << 16
+# A known block is re-checked once it has been known this long: another process or host (or
+# `kvtier gc`) may have evicted it. This bounds how long a lookup can report a block that was
+# evicted elsewhere; an eviction by this process is applied at once (mark_absent).
+PRESENT_TTL_SECONDS = 10.0
 
 
 class LookupCache:
@@ -27,6 +32,9 @@ class LookupCache:
     for a background thread that checks batches with ``_core.paths_exist`` (GIL released);
     the next lookup of that key returns the answer. The thread holds no reference to the
     tier, so a tier that is dropped without shutdown() can still be collected.
+
+    A known block older than PRESENT_TTL_SECONDS is checked again: with one stat
+    (synchronous mode), or still answered True while the resolver re-checks it.
     """
 
     def __init__(
@@ -41,7 +49,8 @@ class LookupCache:
         self._root_dir = root_dir
         self._asynchronous = asynchronous
         self._cond = threading.Condition(threading.Lock())
-        self._present: OrderedDict[OffloadKey, None] = OrderedDict()
+        # Known blocks and when they were last confirmed (time.monotonic()).
+        self._present: OrderedDict[OffloadKey, float] = OrderedDict()
         # Resolved "absent" answers, handed out once: the file may appear later.
         self._answers: dict[OffloadKey, bool] = {}
         self._pending: dict[OffloadKey, None] = {}  # insertion-ordered set
@@ -53,12 +62,19 @@ class LookupCache:
             self._thread.start()
 
     def lookup(self, key: OffloadKey) -> bool | None:
+        now = time.monotonic()
         with self._cond:
             self.lookups += 1
-            if key in self._present:
-                self._present.move_to_end(key)
-                self.hits += 1
-                return True
+            confirmed = self._present.get(key)
+            if confirmed is not None:
+                fresh = now - confirmed < PRESENT_TTL_SECONDS
+                if fresh or (self._asynchronous and not self._closed):
+                    self._present.move_to_end(key)
+                    if not fresh and key not in self._pending:
+                        self._pending[key] = None
+                        self._cond.notify()
+                    self.hits += 1
+                    return True
             if self._asynchronous and not self._closed:
                 answer = self._answers.pop(key, None)
                 if answer is None:
@@ -73,17 +89,19 @@ class LookupCache:
         exists = bool(_core.paths_exist([self._path_of(key)], self._root_dir)[0])
         with self._cond:
             if exists:
-                self._add_present(key)
+                self._add_present(key, now)
                 self.hits += 1
             else:
+                self._present.pop(key, None)
                 self.misses += 1
         return exists
 
     def mark_present(self, keys: Iterable[OffloadKey]) -> None:
+        now = time.monotonic()
         with self._cond:
             for key in keys:
                 self._answers.pop(key, None)
-                self._add_present(key)
+                self._add_present(key, now)
 
     def mark_absent(self, keys: Iterable[OffloadKey]) -> None:
         with self._cond:
@@ -91,8 +109,13 @@ class LookupCache:
                 self._present.pop(key, None)
                 self._answers.pop(key, None)
 
-    def _add_present(self, key: OffloadKey) -> None:
-        self._present[key] = None
+    def forget_present(self) -> None:
+        """Treat every known block as unknown (for evictions whose keys cannot be named)."""
+        with self._cond:
+            self._present.clear()
+
+    def _add_present(self, key: OffloadKey, now: float) -> None:
+        self._present[key] = now
         self._present.move_to_end(key)
         if len(self._present) > _MAX_PRESENT:
             self._present.popitem(last=False)
@@ -125,6 +148,7 @@ class LookupCache:
                 if self._closed:
                     return
                 batch = list(islice(self._pending, _BATCH))
+            asked = time.monotonic()
             try:
                 paths = [self._path_of(k) for k in batch]
                 exists = _core.paths_exist(paths, self._root_dir)
@@ -135,8 +159,12 @@ class LookupCache:
                 for key, found in zip(batch, exists):
                     self._pending.pop(key, None)
                     if found:
-                        self._add_present(key)
-                    elif key not in self._present:  # a store may have finished meanwhile
+                        self._add_present(key, asked)
+                        continue
+                    confirmed = self._present.get(key)
+                    if confirmed is not None and confirmed < asked:
+                        del self._present[key]  # known before the check: gone since
+                    if key not in self._present:  # a store may have finished meanwhile
                         if len(self._answers) >= _MAX_ANSWERS:
                             self._answers.clear()
                         self._answers[key] = False

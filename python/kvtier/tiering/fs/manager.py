@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +27,9 @@ from kvtier.tiering.base import (
     ReqContext,
     SecondaryTierManager,
 )
+from kvtier.tiering.fs.capacity import CapacityController
 from kvtier.tiering.fs.engine import open_engine
-from kvtier.tiering.fs.file_mapper import FileMapper, host_label
+from kvtier.tiering.fs.file_mapper import BLOCK_SUFFIX, FileMapper, host_label
 from kvtier.tiering.fs.lookup import LookupCache
 from kvtier.tiering.fs.options import FsTierOptions
 from kvtier.tiering.fs.oserror import naming
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 class _Job:
     is_load: bool
     keys: tuple[OffloadKey, ...]
+    admitted: bool = False  # a store that holds budget for its blocks (capacity)
 
 
 class FileSystemTierManager(SecondaryTierManager):
@@ -95,8 +97,19 @@ class FileSystemTierManager(SecondaryTierManager):
             name="kvtier-lookup",
             root_dir=self.file_mapper.rank_dir,
         )
-        # Stop the resolver thread even if the tier is dropped without shutdown().
-        self._finalizer = weakref.finalize(self, self._lookups.close)
+        self._eviction_listeners: list[Callable[[list[OffloadKey]], None]] = []
+        self._capacity = CapacityController(
+            opts.root_dir,
+            opts.capacity_policy(),
+            self._block_size_bytes,
+            opts.file_mode,
+            on_evicted=_forget_evicted(
+                self._lookups, self.file_mapper.rank_dir, self._eviction_listeners
+            ),
+        )
+        # Stop the resolver and capacity threads even if the tier is dropped without
+        # shutdown().
+        self._finalizer = weakref.finalize(self, _close, self._lookups, self._capacity)
 
         # _lock guards the job table, the ready list and the counters; _consumer_lock keeps
         # the ready list in completion order when get_finished runs on several threads.
@@ -123,11 +136,22 @@ class FileSystemTierManager(SecondaryTierManager):
     # -- lookups ---------------------------------------------------------------------------
 
     def lookup(self, key: OffloadKey, req_context: ReqContext | None = None) -> bool | None:
-        return self._lookups.lookup(key)
+        found = self._lookups.lookup(key)
+        if found:  # a hit is a use: it keeps the block from eviction (shared recency)
+            self._capacity.record_use([self.file_mapper.get_file_name(key)])
+        return found
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext | None = None) -> None:
-        # Files are never evicted by this tier, so recency has nothing to steer.
-        return
+        path_of = self.file_mapper.get_file_name
+        self._capacity.record_use([path_of(k) for k in keys])
+
+    def add_eviction_listener(self, listener: Callable[[list[OffloadKey]], None]) -> None:
+        """Call ``listener(keys)`` with this tier's blocks whenever this process evicts some.
+
+        It runs on the capacity thread, so it must be quick and thread-safe. Blocks named by
+        a hash of a long key cannot be named back and are not reported.
+        """
+        self._eviction_listeners.append(listener)
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -167,18 +191,34 @@ class FileSystemTierManager(SecondaryTierManager):
             self._jobs[job_id] = _Job(is_load, keys)
             if not is_load:
                 self._queued_stores += 1
+        if not is_load and keys:
+            refusal = self._capacity.admit(len(keys))
+            if refusal is not None:
+                # Like a full store queue: the store fails at once (a later miss), loads go on.
+                with self._lock:
+                    self._jobs.pop(job_id, None)
+                    self._queued_stores -= 1
+                    error = f"submit_store: {refusal}"
+                    self._ready.append(JobResult(job_id, False, None, 0, 0.0, error))
+                self._failure_log.error("Job %s block I/O failed: %s", job_id, error)
+                return
+            with self._lock:
+                self._jobs[job_id] = _Job(False, keys, admitted=True)
         try:
             blocks = self._blocks(keys, block_ids)
             if is_load:
+                self._capacity.record_use([b[0] for b in blocks])
                 self._engine.submit_load(job_id, blocks)
             else:
                 self._engine.submit_store(job_id, blocks)
         except BaseException:
             with self._lock:
-                self._jobs.pop(job_id, None)
+                dropped = self._jobs.pop(job_id, None)
                 self._unreported.discard(job_id)
                 if not is_load:
                     self._queued_stores -= 1
+            if dropped is not None and dropped.admitted:
+                self._capacity.finish_store(len(keys), 0)
             if self._engine.is_shut_down:
                 self._raise_shut_down()
             raise
@@ -214,6 +254,15 @@ class FileSystemTierManager(SecondaryTierManager):
     def _result(self, c: Any, job: _Job | None) -> JobResult:
         keys: tuple[OffloadKey, ...] = job.keys if job is not None else ()
         errnos = c.block_errnos
+        if job is not None and job.admitted:
+            # The engine counts a block's payload in c.bytes only when it wrote a file (a key
+            # already on disk is skipped): that many new files now hold budget. A new file's
+            # mtime is its use; a block that was there already is used by this store.
+            new_blocks = c.bytes // max(1, self._block_size_bytes)
+            self._capacity.finish_store(len(keys), new_blocks)
+            if new_blocks < len(keys):
+                path_of = self.file_mapper.get_file_name
+                self._capacity.record_use([path_of(k) for k, e in zip(keys, errnos) if e == 0])
         ok_keys = [k for k, e in zip(keys, errnos) if e == 0]
         # Files that exist are worth remembering; a load that failed verification or found no
         # file means the block is gone (the core removed a corrupt file).
@@ -241,8 +290,8 @@ class FileSystemTierManager(SecondaryTierManager):
         """
         with self._lock:
             self._shut_down = True
-        self._finalizer()  # stops and joins the lookup thread (once)
         self._engine.shutdown()
+        self._finalizer()  # stops the lookup and capacity threads, hands the lease back
 
     @property
     def is_shut_down(self) -> bool:
@@ -261,6 +310,7 @@ class FileSystemTierManager(SecondaryTierManager):
         """Engine counters plus lookup and dropped-store counts."""
         stats: dict[str, int] = dict(self._engine.stats())
         stats.update(self._lookups.stats())
+        stats.update(self._capacity.stats())
         with self._lock:
             stats["dropped_store_jobs"] = self._dropped_stores
             stats["queued_store_jobs"] = self._queued_stores
@@ -269,6 +319,38 @@ class FileSystemTierManager(SecondaryTierManager):
     @property
     def direct_io(self) -> bool:
         return bool(self._engine.direct_io)
+
+
+def _close(lookups: LookupCache, capacity: CapacityController) -> None:
+    lookups.close()
+    capacity.close()
+
+
+def _forget_evicted(
+    lookups: LookupCache,
+    rank_dir: str,
+    listeners: list[Callable[[list[OffloadKey]], None]],
+) -> Callable[[list[str]], None]:
+    """Tells ``lookups`` and ``listeners`` about evicted files of its rank (no reference to
+    the tier: a tier dropped without shutdown() can still be collected)."""
+    prefix = rank_dir + os.sep
+
+    def forget(paths: list[str]) -> None:
+        keys = []
+        for path in paths:
+            if not path.startswith(prefix):
+                continue
+            name = os.path.basename(path)[: -len(BLOCK_SUFFIX)]
+            if name.startswith("h"):  # a long key named by its hash: cannot be named back
+                lookups.forget_present()
+                continue
+            keys.append(bytes.fromhex(name))
+        lookups.mark_absent(keys)
+        if keys:
+            for listener in listeners:
+                listener(keys)
+
+    return forget
 
 
 __all__ = ["FileSystemTierManager"]

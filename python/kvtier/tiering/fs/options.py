@@ -11,9 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from kvtier.tiering.fs.capacity.policy import MAX_MIN_FREE_FRACTION, CapacityPolicy
+from kvtier.tiering.fs.capacity.sizes import SIZE_SYNTAX, parse_size
+
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 _MAX_THREADS = 1024  # the native engine's own limit
+# Options the Python side implements (root layout, capacity); never passed to the engine.
+_NOT_ENGINE_OPTIONS = frozenset({"root_dir", "max_bytes", "min_free_fraction", "eviction"})
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,10 @@ class StorageOptions:
     file_mode: int = 0o600
     # Nice value of the I/O worker threads: keeps them from starving the scheduler loop.
     worker_nice: int = 19
+    # Capacity of the whole root (docs/tiers.md, "Capacity"); kvtier's, not the engine's.
+    max_bytes: int | None = None
+    min_free_fraction: float = 0.05
+    eviction: Literal["lru", "none"] = "lru"
 
     @classmethod
     def option_names(cls) -> list[str]:
@@ -54,12 +63,20 @@ class StorageOptions:
             "durability": p.choice("durability", get("durability"), ("none", "data", "full")),
             "file_mode": p.file_mode(get("file_mode")),
             "worker_nice": p.integer("worker_nice", get("worker_nice"), 0, 19),
+            "max_bytes": p.size("max_bytes", get("max_bytes")),
+            "min_free_fraction": p.fraction(
+                "min_free_fraction", get("min_free_fraction"), MAX_MIN_FREE_FRACTION
+            ),
+            "eviction": p.choice("eviction", get("eviction"), ("lru", "none")),
         }
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``kvtier._core.Engine`` for these options."""
-        names = [f.name for f in fields(StorageOptions) if f.name != "root_dir"]
+        names = [f.name for f in fields(StorageOptions) if f.name not in _NOT_ENGINE_OPTIONS]
         return {name: getattr(self, name) for name in names}
+
+    def capacity_policy(self) -> CapacityPolicy:
+        return CapacityPolicy(self.max_bytes, self.min_free_fraction, self.eviction)
 
 
 @dataclass(frozen=True)
@@ -138,6 +155,30 @@ class OptionParser:
         if not isinstance(value, int) or value < lo or (hi is not None and value > hi):
             raise self.error(name, span, value)
         return value
+
+    def size(self, name: str, value: Any) -> int | None:
+        """A byte count (``"500GiB"``, ``"2TB"``, ``750000000``), or None for no limit."""
+        if value is None:
+            return None
+        try:
+            nbytes = parse_size(value)
+        except ValueError:
+            raise self.error(name, f"None or {SIZE_SYNTAX}", value) from None
+        if nbytes <= 0:
+            raise self.error(name, f"None or a positive size: {SIZE_SYNTAX}", value)
+        return nbytes
+
+    def fraction(self, name: str, value: Any, hi: float) -> float:
+        span = f"a number in [0, {hi}]"
+        if isinstance(value, bool):
+            raise self.error(name, span, value)
+        try:
+            number = float(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError):
+            raise self.error(name, span, value) from None
+        if not 0.0 <= number <= hi:  # also rejects NaN
+            raise self.error(name, span, value)
+        return number
 
     def boolean(self, name: str, value: Any) -> bool:
         if isinstance(value, bool):

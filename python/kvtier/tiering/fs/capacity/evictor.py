@@ -1,0 +1,145 @@
+"""Eviction: one evictor per root at a time, unlinking least recently used block files.
+
+The evictor lock is ``<root>/.kvtier/evictor.lock``, taken without waiting (fcntl, so it
+works across NFS hosts and is released if its holder dies); a process that does not get it
+leaves the work to the holder instead of repeating it. Only block files (``*.kvb``) are
+ever unlinked, never tmp files of writers in flight or anything else. Racing deleters are
+harmless: ENOENT means someone else removed the file and is not counted here, so nothing is
+uncounted twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from kvtier.tiering.fs.capacity.ledger import shared_fd, state_dir
+from kvtier.tiering.fs.capacity.scanner import FileEntry, is_block_name
+
+EVICTOR_LOCK_NAME = "evictor.lock"
+UNLINK_WORKERS = 8
+WAVE_FILES = 256  # at most this many unlinks between two ledger updates
+
+
+@contextlib.contextmanager
+def evictor_lock(root: str, file_mode: int = 0o600) -> Iterator[bool]:
+    """Yields True while this thread holds the root's evictor lock, False if another does."""
+    fd, thread_lock = shared_fd(os.path.join(state_dir(root), EVICTOR_LOCK_NAME), file_mode)
+    if not thread_lock.acquire(blocking=False):
+        yield False
+        return
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+    finally:
+        thread_lock.release()
+
+
+@dataclass
+class Evicted:
+    paths: list[str] = field(default_factory=list)
+    bytes: int = 0
+    skipped_recent: int = 0  # candidates used since the scan: kept
+    vanished: int = 0  # candidates someone else removed first
+
+
+def evict(
+    candidates: Sequence[FileEntry],
+    need_bytes: int,
+    *,
+    in_use: Callable[[str], bool] = lambda path: False,
+    dry_run: bool = False,
+    on_batch: Callable[[list[str], int], None] | None = None,
+    stop: threading.Event | None = None,
+    workers: int = UNLINK_WORKERS,
+) -> Evicted:
+    """Unlink candidates (oldest first) until ``need_bytes`` are freed.
+
+    A candidate whose mtime moved since the scan, or that ``in_use`` says was used and not
+    yet flushed, is kept. Unlinks run on ``workers`` threads (unlink is the slow part, and
+    it releases the GIL) in waves of the oldest candidates that cover what is still needed;
+    ``on_batch(paths, bytes)`` is called after each wave, so budgets and lookup caches learn
+    of evictions while they happen.
+    """
+    done = Evicted()
+    pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 and not dry_run else None
+    i = 0
+    try:
+        while i < len(candidates) and done.bytes < need_bytes:
+            if stop is not None and stop.is_set():
+                break
+            start, covered = i, 0
+            while i < len(candidates) and i - start < WAVE_FILES:
+                if covered >= need_bytes - done.bytes and i - start >= workers:
+                    break
+                covered += candidates[i].size
+                i += 1
+            wave = candidates[start:i]
+            if pool is not None:  # one task per worker: a task per file costs more than it saves
+                slices = [wave[w::workers] for w in range(workers)]
+                parts = list(pool.map(lambda part: _evict_all(part, in_use, dry_run), slices))
+                wave = [e for part in slices for e in part]
+                outcomes = [o for part in parts for o in part]
+            else:
+                outcomes = _evict_all(wave, in_use, dry_run)
+            paths, nbytes = [], 0
+            for entry, outcome in zip(wave, outcomes):
+                if outcome is None:
+                    done.vanished += 1
+                elif outcome < 0:
+                    done.skipped_recent += 1
+                else:
+                    paths.append(entry.path)
+                    nbytes += outcome
+            done.paths += paths
+            done.bytes += nbytes
+            if on_batch is not None and paths:
+                on_batch(paths, nbytes)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return done
+
+
+def _evict_all(
+    entries: Sequence[FileEntry], in_use: Callable[[str], bool], dry_run: bool
+) -> list[int | None]:
+    return [_evict_one(e, in_use, dry_run) for e in entries]
+
+
+def _evict_one(entry: FileEntry, in_use: Callable[[str], bool], dry_run: bool) -> int | None:
+    """Bytes freed; -1 for a block kept (used since the scan); None if it was gone."""
+    if not is_block_name(os.path.basename(entry.path)):
+        return -1  # scanners only offer blocks; this keeps any other file out of reach
+    if in_use(entry.path):
+        return -1
+    try:
+        st = os.lstat(entry.path)
+    except FileNotFoundError:
+        return None
+    if st.st_mtime_ns != entry.mtime_ns:
+        return -1
+    if not dry_run:
+        try:
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            return None  # another evictor was first: not ours to uncount
+    return st.st_size
+
+
+__all__ = ["EVICTOR_LOCK_NAME", "Evicted", "evict", "evictor_lock"]
