@@ -87,8 +87,26 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     commands = {
         "bench": _add_bench(sub),
         "info": _add_info(sub),
+        **_add_capacity(sub),
     }
     return parser, commands
+
+
+def _add_capacity(sub: argparse._SubParsersAction) -> dict[str, argparse.ArgumentParser]:
+    from kvtier.cli_capacity import add_commands, run_du
+
+    parsers = add_commands(sub)
+    parsers["gc"].set_defaults(run=_gc)
+    parsers["du"].set_defaults(run=run_du)
+    return parsers
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from kvtier.cli_capacity import run_gc
+
+    # A sidecar stopped with SIGTERM finishes like Ctrl-C: the round in progress unwinds.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    return run_gc(args)
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -70,7 +70,7 @@ def add_commands(sub: Any) -> dict[str, argparse.ArgumentParser]:
         help="bring a root within its byte budget and free-space floor (LRU), once or as a sidecar",
         description="Evict least recently used block files under ROOT until it is within "
         "--max-bytes and the file system has --min-free-fraction free, with the policy the "
-        "tiers use (starts above 95%% of the budget, goes down to 90%%). Only block files "
+        "tiers use (starts above 90%% of the budget, goes down to 80%%). Only block files "
         "(*.kvb) are removed.",
     )
     gc.add_argument("root", type=Path, metavar="ROOT", help="the tiers' root_dir")
