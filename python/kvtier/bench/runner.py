@@ -381,5 +381,11 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
         "sizes": sizes,
         "notes": notes,
     }
+    if "sglang" in config.peers:
+        # Its own phase: SGLang's backends are driven through SGLang's host pools, not tiers.
+        from kvtier.bench.peer_sglang import run_sglang_peer
+
+        threads = (config.read_threads, config.write_threads)
+        results["sglang"] = run_sglang_peer(scratch, config.block_sizes, total, threads, stream)
     results["targets"] = evaluate_targets(results)
     return results

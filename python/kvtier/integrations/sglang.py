@@ -34,7 +34,6 @@ import importlib.metadata
 import importlib.util
 import itertools
 import logging
-import math
 import os
 import select
 import shutil
@@ -225,9 +224,8 @@ class _PoolLayout:
                 )
         layout = _core.BlockLayout([(first.data_ptr(), stride, num_pages, runs, False)])
         tag = getattr(pool, "storage_format_tag", None)
-        description = (
-            f"sglang:{type(pool).__name__}:{pool.layout}:page{tuple(first.shape)}"
-            + (f":{tag}" if tag else "")
+        description = f"sglang:{type(pool).__name__}:{pool.layout}:page{tuple(first.shape)}" + (
+            f":{tag}" if tag else ""
         )
         return cls(layout, page_size, page_bytes, description)
 
@@ -307,8 +305,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
             raise RuntimeError("KvtierHiCacheStorage: a host pool is already registered")
         if str(getattr(mem_pool_host, "device", "cpu")) != "cpu":
             raise ValueError(
-                f"KvtierHiCacheStorage needs a host (CPU) pool, got device "
-                f"{mem_pool_host.device!r}"
+                f"KvtierHiCacheStorage needs a host (CPU) pool, got device {mem_pool_host.device!r}"
             )
         pool_layout = _PoolLayout.of(mem_pool_host)
         spec = _spec(self.storage_config, mem_pool_host, pool_layout)
@@ -372,8 +369,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         firsts = host_indices[::page][: len(keys)].tolist()
         if len(firsts) != len(keys):
             raise ValueError(
-                f"{len(keys)} keys need {len(keys) * page} host indices, got "
-                f"{host_indices.numel()}"
+                f"{len(keys)} keys need {len(keys) * page} host indices, got {host_indices.numel()}"
             )
         return [i // page if i % page == 0 else None for i in firsts]
 
@@ -546,8 +542,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
         metrics = StorageMetrics()
         metrics.prefetch_pgs.extend(int(v) for v in taken["prefetch_pgs"])
         metrics.backup_pgs.extend(int(v) for v in taken["backup_pgs"])
-        metrics.prefetch_bandwidth.extend(v for v in taken["prefetch_bandwidth"] if math.isfinite(v))
-        metrics.backup_bandwidth.extend(v for v in taken["backup_bandwidth"] if math.isfinite(v))
+        metrics.prefetch_bandwidth.extend(taken["prefetch_bandwidth"])
+        metrics.backup_bandwidth.extend(taken["backup_bandwidth"])
         return metrics
 
     def engine_stats(self) -> dict[str, int]:
