@@ -11,9 +11,13 @@ drives it, in batches of SGLang's STORAGE_BATCH_SIZE pages:
 - kvtier: the zero-copy path SGLang uses with ``interface_v1``: ``batch_set_v1`` /
   ``batch_get_v1`` on host pool indices.
 
-Before loading, every page file is dropped from the page cache (posix_fadvise DONTNEED;
-kvtier reads with O_DIRECT where the file system has it), so loads on a disk read the disk.
-CPU time is the whole process's (storage worker threads included), per GiB moved.
+SGLang's `file` backend writes through the page cache and never syncs, so its stores end in
+memory while kvtier's (O_DIRECT where the file system has it) reach the device. Before
+loading, every page file is synced and dropped from the page cache (posix_fadvise DONTNEED),
+outside the timed part, so loads on a disk read the disk; the file system is synced after
+each backend so that one backend's write-back does not land in the other's measurement. The
+two backends alternate in order across ``repeat`` runs; figures are medians. CPU time is the
+whole process's (storage worker threads included), per GiB moved.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -96,11 +101,13 @@ def _backend(kind: str, root: Path, pool: Any, threads: tuple[int, int]) -> Any:
 
 
 def _drop_cache(root: Path) -> None:
+    """Write back and evict every file under ``root`` (DONTNEED skips dirty pages)."""
     for dirpath, _, files in os.walk(root):
         for name in files:
             with contextlib.suppress(OSError):
                 fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
                 try:
+                    os.fsync(fd)
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 finally:
                     os.close(fd)
@@ -167,6 +174,18 @@ def _run_one(kind: str, root: Path, page_tokens: int, pages: int, threads: tuple
         close = getattr(backend, "close", None)
         if close is not None:
             close()
+        os.sync()
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """Per figure, the median over runs (the first run's other fields)."""
+    merged = dict(runs[0])
+    for phase in ("store", "load"):
+        merged[phase] = {
+            key: statistics.median(r[phase][key] for r in runs) for key in runs[0][phase]
+        }
+    merged["runs"] = len(runs)
+    return merged
 
 
 def run_sglang_peer(
@@ -175,8 +194,9 @@ def run_sglang_peer(
     total_bytes: int,
     threads: tuple[int, int],
     stream: TextIO,
+    repeat: int = 1,
 ) -> dict:
-    """Both backends on pages of each size; returns the figures and prints a table."""
+    """Both backends on pages of each size, ``repeat`` times; prints and returns the medians."""
     status = sglang_status()
     if not status["available"]:
         print(f"--peer sglang: {status['reason']}; skipping the SGLang peer", file=stream)
@@ -185,16 +205,22 @@ def run_sglang_peer(
     for block_size in block_sizes:
         page_tokens = max(1, block_size // TOKEN_BYTES)
         pages = max(8, total_bytes // (page_tokens * TOKEN_BYTES))
-        entry: dict[str, Any] = {"page_tokens": page_tokens, "backends": {}}
-        for kind in ("file", "kvtier"):
-            root = scratch / f"sglang-{kind}-{page_tokens}"
-            root.mkdir(parents=True, exist_ok=True)
-            print(f"kvtier bench: SGLang {kind} backend, {page_tokens}-token pages", file=stream)
-            try:
-                entry["backends"][kind] = _run_one(kind, root, page_tokens, pages, threads)
-            finally:
-                shutil.rmtree(root, ignore_errors=True)
-        sizes.append(entry)
+        runs: dict[str, list[dict]] = {"file": [], "kvtier": []}
+        for rep in range(repeat):
+            for kind in ("file", "kvtier") if rep % 2 == 0 else ("kvtier", "file"):
+                root = scratch / f"sglang-{kind}-{page_tokens}"
+                root.mkdir(parents=True, exist_ok=True)
+                print(
+                    f"kvtier bench: SGLang {kind} backend, {page_tokens}-token pages "
+                    f"(run {rep + 1})",
+                    file=stream,
+                )
+                try:
+                    runs[kind].append(_run_one(kind, root, page_tokens, pages, threads))
+                finally:
+                    shutil.rmtree(root, ignore_errors=True)
+        backends = {kind: _median_run(r) for kind, r in runs.items()}
+        sizes.append({"page_tokens": page_tokens, "backends": backends})
     result = {**status, "layout": "layer_first", "token_bytes": TOKEN_BYTES, "sizes": sizes}
     print(render_sglang(result), flush=True)
     return result
@@ -203,7 +229,8 @@ def run_sglang_peer(
 def render_sglang(result: dict) -> str:
     """The SGLang peer's table: GB/s and CPU s/GiB per backend, and kvtier / file."""
     lines = [
-        f"SGLang HiCache storage ({result.get('version')}, {result.get('layout')} host pool):",
+        f"SGLang HiCache storage ({result.get('version')}, {result.get('layout')} host pool, "
+        "median of runs):",
         f"{'page':>10} {'backend':>8} {'store GB/s':>11} {'get GB/s':>9} "
         f"{'store CPU s/GiB':>16} {'get CPU s/GiB':>14}",
     ]

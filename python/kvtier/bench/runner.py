@@ -386,6 +386,8 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
         from kvtier.bench.peer_sglang import run_sglang_peer
 
         threads = (config.read_threads, config.write_threads)
-        results["sglang"] = run_sglang_peer(scratch, config.block_sizes, total, threads, stream)
+        results["sglang"] = run_sglang_peer(
+            scratch, config.block_sizes, total, threads, stream, config.repeat
+        )
     results["targets"] = evaluate_targets(results)
     return results

@@ -86,7 +86,7 @@ def test_bad_option_value_is_rejected_like_the_fs_tier(
 
 
 @pytest.mark.parametrize("is_mla", [False, True], ids=["mha", "mla"])
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", [*LAYOUTS, "page_first_direct"])
 def test_zero_copy_round_trip_is_byte_exact(
     tmp_path: Path, make_backend: MakeBackend, layout: str, is_mla: bool
 ) -> None:
