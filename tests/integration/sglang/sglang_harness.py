@@ -51,6 +51,7 @@ def storage_config(
     tp_rank: int = 0,
     tp_size: int = 1,
     model_name: str = "org/test-model",
+    metrics: bool = False,
 ) -> Any:
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
@@ -62,7 +63,7 @@ def storage_config(
         attn_cp_rank=0,
         attn_cp_size=1,
         is_mla_model=is_mla,
-        enable_storage_metrics=False,
+        enable_storage_metrics=metrics,
         is_page_first_layout=layout == "page_first",
         model_name=model_name,
         extra_config=dict(extra_config),
@@ -113,6 +114,7 @@ def create_backend(
     is_mla: bool = False,
     tp_rank: int = 0,
     tp_size: int = 1,
+    metrics: bool = False,
     **options: Any,
 ) -> Any:
     """A backend made the way SGLang's cache controller makes it, with ``pool`` registered."""
@@ -123,7 +125,12 @@ def create_backend(
     else:
         name, extra = FILE, {"file_storage_path": os.fspath(root), **options}
     config = storage_config(
-        extra, layout=pool.layout, is_mla=is_mla, tp_rank=tp_rank, tp_size=tp_size
+        extra,
+        layout=pool.layout,
+        is_mla=is_mla,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        metrics=metrics,
     )
     backend = StorageBackendFactory.create_backend(name, config, pool)
     backend.register_mem_pool_host(pool)

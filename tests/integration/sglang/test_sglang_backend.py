@@ -85,6 +85,29 @@ def test_bad_option_value_is_rejected_like_the_fs_tier(
         make_backend(KVTIER, tmp_path, host_pool("layer_first"), durability="sometimes")
 
 
+def test_uncreatable_root_dir_is_an_oserror_naming_it(
+    tmp_path: Path, make_backend: MakeBackend
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    with pytest.raises(OSError, match="cannot create kvtier root_dir") as e:
+        make_backend(KVTIER, blocker / "kv", host_pool("layer_first"))
+    assert e.value.filename == str(blocker / "kv")
+
+
+def test_storage_metrics_count_pages_per_batch(tmp_path: Path, make_backend: MakeBackend) -> None:
+    pool = host_pool("page_first")
+    backend = make_backend(KVTIER, tmp_path, pool, metrics=True)
+    keys = keys_for(3)
+    src = pool.alloc(3 * PAGE_SIZE)
+    assert backend.batch_set_v1(keys, src) == [True] * 3
+    assert backend.batch_get_v1(keys[:2], src[: 2 * PAGE_SIZE]) == [True, True]
+    stats = backend.get_stats()
+    assert (stats.backup_pgs, stats.prefetch_pgs) == ([3], [2])
+    assert all(bw > 0 for bw in stats.backup_bandwidth + stats.prefetch_bandwidth)
+    assert backend.get_stats().backup_pgs == [], "each call reports what happened since the last"
+
+
 @pytest.mark.parametrize("is_mla", [False, True], ids=["mha", "mla"])
 @pytest.mark.parametrize("layout", [*LAYOUTS, "page_first_direct"])
 def test_zero_copy_round_trip_is_byte_exact(
