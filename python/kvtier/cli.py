@@ -190,9 +190,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench.add_argument(
         "--peer",
         action="append",
-        choices=["vllm"],
+        choices=["vllm", "sglang"],
         default=[],
-        help="also run the workload through vLLM's fs tier (needs vllm)",
+        help="also run the workload through vLLM's fs tier (needs vllm), or (sglang) SGLang's "
+        "file backend and kvtier's SGLang backend side by side (needs sglang)",
     )
     bench.add_argument("--no-fio", action="store_true", help="skip the fio ceiling")
     bench.add_argument(
@@ -355,6 +356,7 @@ def _info(args: argparse.Namespace) -> int:
         ("fio (bench ceiling)", shutil.which("fio") or "not found"),
         ("matplotlib (bench --plot)", _found("matplotlib")),
         ("vllm (bench --peer vllm)", _found("vllm")),
+        ("sglang (bench --peer sglang)", _found("sglang")),
         ("CMake package", kvtier.cmake_dir()),
     ]
     width = max(len(k) for k, _ in rows)

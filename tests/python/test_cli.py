@@ -367,6 +367,28 @@ def test_peer_vllm_without_vllm_says_so_and_exits_cleanly(tmp_path: Path) -> Non
     assert all(list(e["tiers"]) == ["kvtier"] for e in results["sizes"])
 
 
+def test_peer_sglang_without_sglang_says_so_and_exits_cleanly(tmp_path: Path) -> None:
+    # An `sglang` that cannot be imported, whatever is installed in this environment.
+    fake = tmp_path / "fake"
+    (fake / "sglang").mkdir(parents=True)
+    (fake / "sglang" / "__init__.py").write_text("raise ImportError('No module named sglang')\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = tmp_path / "out.json"
+    proc = run(
+        kvtier_cmd(
+            "bench", "--root", tmp_path, *TINY, "--no-fio", "--peer", "sglang", "--json", out
+        ),
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "SGLang is not importable" in proc.stderr and "skipping the SGLang peer" in proc.stderr
+    results = json.loads(out.read_text())
+    assert "not importable" in results["sglang"]["skipped"]
+
+
 def test_peer_vllm_runs_vllms_fs_tier_side_by_side(tmp_path: Path) -> None:
     pytest.importorskip("vllm.v1.kv_offload.tiering.fs.manager", reason="vLLM is not installed")
     out = tmp_path / "out.json"
@@ -434,7 +456,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
         (["--repeat", "0"], "at least 1"),
         (["--read-threads", "x"], "invalid count"),
         (["--loop-seconds", "-1"], "must be positive"),
-        (["--peer", "sglang"], "invalid choice"),
+        (["--peer", "lmcache"], "invalid choice"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )

@@ -275,9 +275,18 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
             samples_per_run=samples_per_run,
             loop_seconds_per_run=loop_seconds_per_run,
         )
-        return _measure(config, plan, progress)
+        results = _measure(config, plan, progress)
     finally:
         progress.close()  # also stops its ticker thread on an error or Ctrl-C
+    if "sglang" in config.peers:
+        # Its own phase: SGLang's backends are driven through SGLang's host pools, not tiers.
+        from kvtier.bench.peer_sglang import run_sglang_peer
+
+        threads = (config.read_threads, config.write_threads)
+        results["sglang"] = run_sglang_peer(
+            scratch, config.block_sizes, plan.per_run, threads, stream, config.repeat
+        )
+    return results
 
 
 @dataclass(frozen=True)
