@@ -127,7 +127,8 @@ class Gate {
   explicit Gate(std::string path) : path_(std::move(path)) {}
   ~Gate() {
     release();
-    if (region_ != MAP_FAILED) ::munmap(region_, size_);
+    // The region stays mapped (a few pages per gate, until the test program exits): the
+    // released load may still be copying into it and verifying it on a worker thread.
     if (uffd_ >= 0) ::close(uffd_);
   }
   Gate(const Gate&) = delete;

@@ -195,7 +195,7 @@ class FileMapper:
         try:
             _make_directories(self.root_dir, dir_mode)
             for path in (self.namespace_dir, self.rank_dir):
-                _make_tier_directory(path, dir_mode)
+                make_tier_directory(path, dir_mode)
                 _check_owner(os.lstat(path), path, file_mode)
         except OSError as e:
             if isinstance(e, PermissionError) and e.errno == errno.EPERM:
@@ -289,10 +289,10 @@ def _make_directories(path: str, mode: int) -> None:
             break
         path = parent
     for d in reversed(missing):
-        _make_tier_directory(d, mode, check_link=False)
+        make_tier_directory(d, mode, check_link=False)
 
 
-def _make_tier_directory(path: str, mode: int, check_link: bool = True) -> None:
+def make_tier_directory(path: str, mode: int, check_link: bool = True) -> None:
     """Create ``path`` with exactly ``mode`` unless it exists; it must be a real directory."""
     try:
         os.mkdir(path, mode)

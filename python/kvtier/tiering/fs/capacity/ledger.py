@@ -32,7 +32,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from kvtier import _core
 from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME
+from kvtier.tiering.fs.file_mapper import make_tier_directory
 
 LEDGER_FILE_NAME = "usage.json"
 # A lease whose holder has not written for this long is dropped by the next reconcile; live
@@ -64,14 +66,14 @@ def shared_fd(path: str, mode: int) -> tuple[int, threading.Lock]:
     with _registry_lock:
         found = _fds.get(path)
         if found is None:
-            os.makedirs(os.path.dirname(path), mode=_dir_mode(mode), exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+            # Modes follow file_mode exactly, whatever the umask, as for every file and
+            # directory of the tier: users sharing a root through file_mode share this too.
+            make_tier_directory(os.path.dirname(path), int(_core.directory_mode(mode)))
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+            if os.fstat(fd).st_uid == os.geteuid():
+                os.fchmod(fd, mode)
             found = _fds[path] = (fd, threading.Lock())
         return found
-
-
-def _dir_mode(file_mode: int) -> int:
-    return (file_mode | ((file_mode & 0o444) >> 2)) & 0o777
 
 
 @dataclass(frozen=True)
