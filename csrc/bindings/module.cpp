@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <mutex>
 #include <tuple>
 #include <unordered_map>
@@ -96,21 +97,44 @@ PyEngine::PyEngine(kvtier::EngineConfig config) : kvtier::Engine(std::move(confi
   registry().engines.emplace(this, ::getpid());
 }
 
+// The interpreter's main thread, which runs its finalization (recorded at import), and
+// whether the exit hook below has started (from then on only daemon threads run beside it).
+std::atomic<unsigned long> main_thread_ident{0};
+std::atomic<bool> exit_hook_started{false};
+
+bool interpreter_finalizing() noexcept {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;  // an atomic read: callable without the GIL
+#endif
+}
+
 PyEngine::~PyEngine() {
+  PyThreadState* state = PyEval_SaveThread();
+  // Stop first, then leave the registry: an exit hook stopping this engine at the same time
+  // holds the registry and waits in the same (serialised, idempotent) shutdown().
+  shutdown();
   {
-    py::gil_scoped_release release;
-    {
-      std::lock_guard lock(registry().mutex);
-      registry().engines.erase(this);
-    }
-    shutdown();
+    std::lock_guard lock(registry().mutex);
+    registry().engines.erase(this);
   }
+  // A daemon thread that dropped the last reference while the interpreter exits must not
+  // wait for the GIL again: once finalization starts, CPython ends such a thread with a
+  // forced unwind through this noexcept destructor, and that is std::terminate. The engine
+  // has stopped; the exiting process keeps the buffers until it is gone, so this thread
+  // parks instead (only daemon threads still run once the exit hook has started).
+  if ((exit_hook_started.load() || interpreter_finalizing()) &&
+      PyThread_get_thread_ident() != main_thread_ident.load(std::memory_order_relaxed))
+    for (;;) ::pause();
+  PyEval_RestoreThread(state);
   // buffers_ goes now, with the GIL held again and no worker left to touch its memory.
 }
 
 // atexit hook: every engine of this process stops (running block operations finish, queued
 // ones are cancelled). Engines inherited through fork() have no workers here to stop.
 void shutdown_all_engines() {
+  exit_hook_started = true;
   py::gil_scoped_release release;
   EngineRegistry& r = registry();
   std::lock_guard lock(r.mutex);
@@ -387,6 +411,10 @@ PYBIND11_MODULE(_core, m) {
       "buffer"_a, "writable"_a = false,
       "Address of a contiguous buffer's first byte (the buffer must outlive its use).");
 
+  main_thread_ident = py::module_::import("threading")
+                          .attr("main_thread")()
+                          .attr("ident")
+                          .cast<unsigned long>();
   py::module_::import("atexit").attr("register")(py::cpp_function(&shutdown_all_engines));
 
   m.attr("HEADER_SIZE") = kvtier::kHeaderSize;

@@ -81,6 +81,16 @@ def assert_exit_finished_the_running_store(tmp_path: Path) -> None:
     assert list(root.rglob("*.tmp")) == []
 
 
+def test_engine_dropped_by_a_daemon_thread_during_exit(interposer, tmp_path):
+    # Its destructor stops the engine with the GIL released; waiting for the GIL again while
+    # the interpreter finalizes would end the thread with a forced unwind (std::terminate).
+    for run in range(3):
+        proc = run_child(interposer, tmp_path / str(run), "exit-drop-daemon", "fs", "store")
+        assert_clean(proc)
+        assert proc.stdout.split() == ["ok"]
+        assert_exit_finished_the_running_store(tmp_path / str(run))
+
+
 def test_interpreter_exit_stops_an_engine_that_is_never_collected(interposer, tmp_path):
     proc = run_child(interposer, tmp_path, "exit-daemon", "fs", "store")
     assert_clean(proc)

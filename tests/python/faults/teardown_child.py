@@ -12,6 +12,8 @@ argv: scenario holder kind root gate
             exit: leave the holder in a global with the job queued and let the interpreter
                   exit; prints "ok" first
             exit-daemon: the same, the holder referenced by a daemon thread that never ends
+            exit-drop-daemon: the same, the last reference dropped by a daemon thread while
+                  the interpreter exits (the engine is destroyed beside the exit hook)
             gil:  drop the holder while a Python thread runs; prints JSON saying whether that
                   thread ran during the destruction
   holder    fs (FileSystemTierManager) or gpu (GPUStorageTransfer over a CPU tensor)
@@ -146,6 +148,10 @@ def run_gil(box: list[Any], gate: Path) -> int:
     return 0
 
 
+def hold_forever(holder: Any) -> None:
+    threading.Event().wait()  # `holder` stays referenced by this frame
+
+
 def main() -> int:
     scenario, holder_kind, kind, root, gate_arg = sys.argv[1:6]
     gate = Path(gate_arg)
@@ -170,7 +176,28 @@ def main() -> int:
     if scenario == "exit-daemon":
         # A daemon thread's frame is never torn down: the holder is never collected, so only
         # the exit hook stops its engine.
-        threading.Thread(target=threading.Event().wait, args=(holder,), daemon=True).start()
+        threading.Thread(target=hold_forever, args=(holder,), daemon=True).start()
+        del holder
+        open_gate_later(gate, 0.3)
+        print("ok", flush=True)
+        return 0
+
+    if scenario == "exit-drop-daemon":
+        import atexit
+
+        exiting = threading.Event()
+
+        def drop_when_exiting(box: list[Any]) -> None:
+            exiting.wait()
+            box.clear()  # the last reference: the engine is destroyed on this daemon thread
+
+        box = [holder]
+        del holder
+        threading.Thread(target=drop_when_exiting, args=(box,), daemon=True).start()
+        del box
+        # Registered after kvtier's own exit hook, so it runs first (atexit is last in,
+        # first out): the daemon thread drops the engine as the interpreter exits.
+        atexit.register(exiting.set)
         open_gate_later(gate, 0.3)
         print("ok", flush=True)
         return 0
