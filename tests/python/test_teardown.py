@@ -55,9 +55,7 @@ def assert_clean(proc: subprocess.CompletedProcess) -> None:
 # The transfer (slow to start: it imports torch) with a load only: its stores read the same
 # memory through the same staging copies.
 @pytest.mark.parametrize("holder,kind", [("fs", "store"), ("fs", "load"), ("gpu", "load")])
-def test_dropped_holder_stops_its_workers_before_freeing_memory(
-    interposer, tmp_path, holder, kind
-):
+def test_dropped_holder_stops_its_workers_before_freeing_memory(interposer, tmp_path, holder, kind):
     proc = run_child(interposer, tmp_path, "drop", holder, kind)
     assert_clean(proc)
     assert proc.stdout.split() == ["ok"]
