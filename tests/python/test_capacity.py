@@ -401,14 +401,16 @@ def test_budget_of_a_crashed_process_comes_back(tmp_path):
 
 def test_blocks_deleted_behind_the_ledgers_back_are_recounted(tmp_path):
     """Files removed by someone else (rm, an old gc) make the ledger over-count; the next
-    eviction pass's scan notices and recounts instead of waiting for RECONCILE_SECONDS."""
+    eviction pass's scan notices and recounts instead of waiting for RECONCILE_SECONDS. The
+    stores race that recount (a block both scanned and settled on top); the recount once the
+    root is quiet makes the ledger exact again."""
     budget = 64 * FILE
     t = Tier(tmp_path, max_bytes=budget, min_free_fraction=0)
     try:
         for i in range(40):
             assert t.store(i).success
         for path in block_paths(tmp_path):
-            path.unlink()
+            path.unlink(missing_ok=True)  # an eviction pass may be removing some too
         for i in range(100, 200):
             assert t.store(i).success
         ledger = tmp_path / STATE_DIR_NAME / "usage.json"

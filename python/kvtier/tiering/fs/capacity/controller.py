@@ -80,6 +80,10 @@ class CapacityController:
         self._state: LedgerState = self.ledger.read()
         # A process of this host that died holding budget: recount at once, not in 300 s.
         self._recount = bool(self.ledger.stale_leases(self._state))
+        # "added" when the last reconcile scan began, until the root is next quiet (see
+        # _check_recount); the last "added" seen and since when.
+        self._recheck_added: int | None = None
+        self._seen_added, self._seen_since = -1, 0.0
         if not self._state.complete:
             self._count_small_root()
         self._below_floor = False
@@ -263,10 +267,29 @@ class CapacityController:
         st = os.statvfs(self.root)
         budget_need, free_need = self._needs(self._state, st)
         self._below_floor = free_need > 0
+        self._check_recount(self._state.added)
         due = self._recount or self._reconcile_due(self._state)
         evicting = self.policy.eviction == "lru" and (budget_need or free_need)
         if due or evicting or (asked and self.policy.eviction == "lru"):
             self._pass()
+
+    def _check_recount(self, added: int) -> None:
+        """Recount once more, when the root is quiet, after a reconcile that stores raced.
+
+        A block committed while (or just after) a reconcile scan ran may be both seen by it
+        and settled on top: an over-count no later pass would notice if the root then stays
+        under the watermark (the scan recounts only far less than the ledger). Such a block
+        is settled within a tick of its rename, so once "added" stayed put for a tick,
+        a change since the scan began means the reconcile may have over-counted; a scan of
+        the quiet root is exact. Busy roots never get here (no extra scans under load).
+        """
+        now = time.monotonic()
+        if added != self._seen_added:
+            self._seen_added, self._seen_since = added, now
+        quiet = now - self._seen_since >= TICK_SECONDS
+        if self._recheck_added is not None and quiet:
+            self._recount = self._recount or added != self._recheck_added
+            self._recheck_added = None
 
     @staticmethod
     def _reconcile_due(state: LedgerState) -> bool:
@@ -313,6 +336,7 @@ class CapacityController:
             if due:
                 self._state = self.ledger.reconcile(found.block_bytes, state.added)
                 self._recount = False
+                self._recheck_added = state.added
             else:
                 self._state = self.ledger.read()
             if not lru:
