@@ -30,8 +30,6 @@ raises ImportError naming the supported versions.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
-import importlib.util
 import itertools
 import logging
 import os
@@ -45,6 +43,7 @@ from typing import Any
 
 from kvtier import _core
 from kvtier._rate_limited_log import RateLimitedLog
+from kvtier.integrations._engine_version import EngineRequirement
 from kvtier.tiering.fs.engine import open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper, host_label
 from kvtier.tiering.fs.options import FsTierOptions, OptionParser
@@ -57,38 +56,19 @@ SUPPORTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.23",)
 _SUPPORTED_TEXT = ", ".join(SUPPORTED_SGLANG_VERSIONS)
 
 
-def _check_sglang_version(version: str) -> None:
-    """Raise ImportError unless ``version`` (post releases included) is supported."""
+def _is_supported(version: str) -> bool:
+    """Post releases and local builds of a supported release are supported."""
     release = version.split("+", 1)[0].split(".post", 1)[0]
-    if release not in SUPPORTED_SGLANG_VERSIONS:
-        raise ImportError(
-            f"kvtier.integrations.sglang supports SGLang {_SUPPORTED_TEXT}, but SGLang "
-            f"{version} is installed. Install a supported version (pip install "
-            f"'sglang=={SUPPORTED_SGLANG_VERSIONS[-1]}') or a kvtier release that supports "
-            "this SGLang."
-        )
+    return release in SUPPORTED_SGLANG_VERSIONS
 
 
-def _installed_sglang_version() -> str:
-    try:
-        spec = importlib.util.find_spec("sglang")
-    except (ImportError, ValueError):  # ValueError: sys.modules["sglang"] is None
-        spec = None
-    if spec is None:
-        raise ImportError(
-            f"kvtier.integrations.sglang needs SGLang ({_SUPPORTED_TEXT}), which is not "
-            f"installed. Install it with: pip install 'sglang=={SUPPORTED_SGLANG_VERSIONS[-1]}'"
-        )
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path
-        import sglang
-
-        return str(sglang.__version__)
-
-
-SGLANG_VERSION: str = _installed_sglang_version()
-_check_sglang_version(SGLANG_VERSION)
+SGLANG_VERSION: str = EngineRequirement(
+    integration="kvtier.integrations.sglang",
+    engine="SGLang",
+    package="sglang",
+    supported_text=_SUPPORTED_TEXT,
+    pip_requirement=f"sglang=={SUPPORTED_SGLANG_VERSIONS[-1]}",
+).supported_installed_version(_is_supported)
 
 try:
     import torch

@@ -35,8 +35,6 @@ raises ImportError naming the supported versions.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import logging
 import threading
 from collections.abc import Collection, Iterable
@@ -45,6 +43,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from kvtier.integrations._engine_version import EngineRequirement
 from kvtier.tiering.base import JobMetadata, JobResult, ReqContext
 from kvtier.tiering.fs.file_mapper import FileMapper
 from kvtier.tiering.fs.manager import FileSystemTierManager
@@ -57,40 +56,18 @@ SUPPORTED_VLLM_SERIES: tuple[str, ...] = ("0.33",)
 _SUPPORTED_TEXT = ", ".join(f"{s}.x" for s in SUPPORTED_VLLM_SERIES)
 
 
-def _check_vllm_version(version: str) -> None:
-    """Raise ImportError unless ``version`` belongs to a supported vLLM series."""
-    parts = version.split(".")
-    series = ".".join(parts[:2])
-    if series not in SUPPORTED_VLLM_SERIES:
-        raise ImportError(
-            f"kvtier.integrations.vllm supports vLLM {_SUPPORTED_TEXT}, but vLLM {version} is "
-            "installed. Install a supported version "
-            f"(pip install 'vllm=={SUPPORTED_VLLM_SERIES[-1]}.*') or a kvtier release that "
-            "supports this vLLM."
-        )
+def _is_supported(version: str) -> bool:
+    """Every release of a supported series (major.minor) is supported."""
+    return ".".join(version.split(".")[:2]) in SUPPORTED_VLLM_SERIES
 
 
-def _installed_vllm_version() -> str:
-    """The installed vLLM's version; ImportError (naming what is supported) when absent."""
-    try:
-        spec = importlib.util.find_spec("vllm")
-    except (ImportError, ValueError):  # ValueError: sys.modules["vllm"] is None
-        spec = None
-    if spec is None:
-        raise ImportError(
-            f"kvtier.integrations.vllm needs vLLM ({_SUPPORTED_TEXT}), which is not installed. "
-            f"Install it with: pip install 'vllm=={SUPPORTED_VLLM_SERIES[-1]}.*'"
-        )
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path
-        import vllm
-
-        return str(vllm.__version__)
-
-
-VLLM_VERSION: str = _installed_vllm_version()
-_check_vllm_version(VLLM_VERSION)
+VLLM_VERSION: str = EngineRequirement(
+    integration="kvtier.integrations.vllm",
+    engine="vLLM",
+    package="vllm",
+    supported_text=_SUPPORTED_TEXT,
+    pip_requirement=f"vllm=={SUPPORTED_VLLM_SERIES[-1]}.*",
+).supported_installed_version(_is_supported)
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
