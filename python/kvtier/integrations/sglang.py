@@ -332,7 +332,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         submit(engine, job_id)
         c = self._waiter.wait(job_id)
         if not c.success:
-            self._failure_log.warning("Job %s block I/O failed: %s", job_id, c.error)
+            self._failure_log.error("Job %s block I/O failed: %s", job_id, c.error)
         ok = [e == 0 for e in c.block_errnos]
         if self._metrics_on and ok:
             seconds = max(time.perf_counter() - started, 1e-9)

@@ -20,7 +20,8 @@ def test_peer_sglang_runs_both_backends_on_the_same_pages(tmp_path: Path) -> Non
     root.mkdir()
     proc = subprocess.run(
         [sys.executable, "-W", "ignore", "-m", "kvtier", "bench", "--root", str(root),
-         "--sizes", "128K,256K", "--total", "2M", "--read-threads", "2", "--write-threads", "2",
+         "--sizes", "128K,256K", "--total", "2M", "--repeat", "1",
+         "--read-threads", "2", "--write-threads", "2",
          "--latency-samples", "5", "--loop-seconds", "0.05", "--no-fio", "--peer", "sglang",
          "--json", str(out)],
         capture_output=True, text=True, timeout=600, check=False,
