@@ -35,7 +35,9 @@ def _positive_int(text: str) -> int:
 
 
 def _thread_count(text: str) -> int:
-    from kvtier.bench.config import MAX_THREADS
+    # The fs tier's own limit, checked up front: a bad count is an argument error, not a
+    # failure in the middle of a run.
+    from kvtier.tiering.fs.options import MAX_THREADS
 
     value = _positive_int(text)
     if value > MAX_THREADS:

@@ -20,9 +20,6 @@ DEFAULT_SIZES = (256 * KiB, 2 * MiB)
 DEFAULT_TOTAL = 1 * GiB
 #: Runs per block size: enough for a median and a min-max spread from one invocation.
 DEFAULT_REPEAT = 5
-#: The fs tier's limit on each thread count (kvtier.tiering.fs.options), checked up front so
-#: that a bad count is an argument error, not a failure in the middle of a run.
-MAX_THREADS = 1024
 #: A figure whose runs differ by more than this factor (max/min) is flagged as too noisy to
 #: trust: the middle run could be off by a fifth or more either way.
 NOISY_RATIO = 1.5

@@ -16,7 +16,7 @@ from kvtier.tiering.fs.capacity.sizes import SIZE_SYNTAX, parse_size
 
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
-_MAX_THREADS = 1024  # the native engine's own limit
+MAX_THREADS = 1024  # the native engine's own limit
 # Options the Python side implements (root layout, capacity); never passed to the engine.
 _NOT_ENGINE_OPTIONS = frozenset({"root_dir", "max_bytes", "min_free_fraction", "eviction"})
 
@@ -124,8 +124,8 @@ class OptionParser:
             )
 
     def thread_counts(self, n_read: Any, n_write: Any) -> tuple[int, int]:
-        n_read = self.integer("n_read_threads", n_read, 0, _MAX_THREADS)
-        n_write = self.integer("n_write_threads", n_write, 0, _MAX_THREADS)
+        n_read = self.integer("n_read_threads", n_read, 0, MAX_THREADS)
+        n_write = self.integer("n_write_threads", n_write, 0, MAX_THREADS)
         if n_read + n_write == 0:
             raise ValueError(f"{self.owner}: n_read_threads + n_write_threads must be at least 1")
         return n_read, n_write
