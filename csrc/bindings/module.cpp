@@ -314,7 +314,8 @@ PYBIND11_MODULE(_core, m) {
                        unsigned file_mode, const py::bytes& fingerprint,
                        unsigned max_stores_in_flight_while_loading, std::size_t staging_bytes_total,
                        std::size_t staging_buffer_bytes, bool use_cuda, int cuda_device,
-                       bool numa_bind, int worker_nice, bool completion_eventfd) {
+                       bool numa_bind, int worker_nice, bool completion_eventfd,
+                       const std::string& io_engine) {
              kvtier::EngineConfig c;
              c.root_dir = root_dir;
              c.n_read_threads = n_read_threads;
@@ -332,6 +333,7 @@ PYBIND11_MODULE(_core, m) {
              c.numa_bind = numa_bind;
              c.worker_nice = worker_nice;
              c.completion_eventfd = completion_eventfd;
+             c.io_engine = kvtier::parse_io_engine(io_engine);
              py::gil_scoped_release release;  // the O_DIRECT probe does I/O
              return std::make_unique<PyEngine>(std::move(c));
            }),
@@ -342,7 +344,7 @@ PYBIND11_MODULE(_core, m) {
            "staging_bytes_total"_a = std::size_t{64} << 20,
            "staging_buffer_bytes"_a = std::size_t{2} << 20, "use_cuda"_a = false,
            "cuda_device"_a = -1, "numa_bind"_a = false, "worker_nice"_a = 19,
-           "completion_eventfd"_a = false)
+           "completion_eventfd"_a = false, "io_engine"_a = "auto")
       .def("keep_alive", &PyEngine::keep_alive, "buffers"_a,
            "Holds `buffers` (objects owning memory that block addresses point into) until the "
            "workers have stopped, whenever and however the engine goes; call it before "
@@ -373,6 +375,12 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("is_shut_down", &kvtier::Engine::is_shut_down)
       .def_property_readonly("direct_io", &kvtier::Engine::direct_io)
       .def_property_readonly("o_direct_fallback_reason", &kvtier::Engine::o_direct_fallback_reason)
+      .def_property_readonly(
+          "io_engine", [](const PyEngine& e) { return kvtier::to_string(e.io_engine()); },
+          "'io_uring' or 'psync': the engine moving the bytes (what 'auto' chose).")
+      .def_property_readonly("io_engine_fallback_reason",
+                             &kvtier::Engine::io_engine_fallback_reason,
+                             "Why io_engine='auto' chose psync; empty when it did not.")
       .def_property_readonly("eventfd", &kvtier::Engine::completion_eventfd)
       .def_property_readonly("cuda_enabled", &kvtier::Engine::cuda_enabled)
       .def_property_readonly("numa_node", &kvtier::Engine::numa_node);

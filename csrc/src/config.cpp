@@ -31,6 +31,13 @@ Durability parse_durability(const std::string& text) {
   bad_choice("durability", text, "['none', 'data', 'full']");
 }
 
+IoEngine parse_io_engine(const std::string& text) {
+  if (text == "auto") return IoEngine::kAuto;
+  if (text == "io_uring") return IoEngine::kIoUring;
+  if (text == "psync") return IoEngine::kPsync;
+  bad_choice("io_engine", text, "['auto', 'io_uring', 'psync']");
+}
+
 const char* to_string(ODirectMode mode) noexcept {
   switch (mode) {
     case ODirectMode::kAuto:
@@ -55,6 +62,18 @@ const char* to_string(Durability durability) noexcept {
       return "data";
     case Durability::kFull:
       return "full";
+  }
+  return "?";
+}
+
+const char* to_string(IoEngine engine) noexcept {
+  switch (engine) {
+    case IoEngine::kAuto:
+      return "auto";
+    case IoEngine::kIoUring:
+      return "io_uring";
+    case IoEngine::kPsync:
+      return "psync";
   }
   return "?";
 }

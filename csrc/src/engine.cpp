@@ -213,6 +213,8 @@ struct Engine::Impl {
   detail::StagingPool staging;
   bool direct = false;
   std::string fallback_reason;
+  IoEngine io_engine = IoEngine::kPsync;  // the engine in use (never kAuto)
+  std::string io_engine_fallback_reason;
   int event_fd = -1;
   const detail::cuda::Api* cuda = nullptr;  // set when use_cuda found a runtime
   std::vector<int> numa_cpus;
@@ -463,6 +465,12 @@ Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std
       throw SystemError(EINVAL, "o_direct=true but " + s.fallback_reason, c.root_dir);
     s.direct = s.fallback_reason.empty();
   }
+  // TODO(io_uring): placeholder until the io_uring engine lands; psync is the only engine.
+  if (c.io_engine == IoEngine::kIoUring)
+    throw SystemError(ENOSYS, "io_engine='io_uring' but this build has no io_uring engine",
+                      c.root_dir);
+  if (c.io_engine == IoEngine::kAuto)
+    s.io_engine_fallback_reason = "this build has no io_uring engine";
   if (c.use_cuda) {
     s.cuda = detail::cuda::runtime();
     if (s.cuda == nullptr)
@@ -717,6 +725,12 @@ bool Engine::direct_io() const noexcept {
 }
 const std::string& Engine::o_direct_fallback_reason() const noexcept {
   return impl_->fallback_reason;
+}
+IoEngine Engine::io_engine() const noexcept {
+  return impl_->io_engine;
+}
+const std::string& Engine::io_engine_fallback_reason() const noexcept {
+  return impl_->io_engine_fallback_reason;
 }
 int Engine::completion_eventfd() const noexcept {
   return impl_->event_fd;

@@ -24,6 +24,13 @@ enum class Durability {
   kFull,  ///< kData, and fsync the directory after the rename
 };
 
+/// How block files are read and written.
+enum class IoEngine {
+  kAuto,     ///< io_uring where the kernel allows it, otherwise psync (the reason is kept)
+  kIoUring,  ///< require io_uring; the Engine constructor throws if the kernel refuses it
+  kPsync,    ///< pread/pwrite system calls from the worker threads
+};
+
 /// Everything an Engine needs; every field has a usable default.
 struct EngineConfig {
   /// Required. Every block path must lie below it (others fail with EPERM); it is created
@@ -36,6 +43,7 @@ struct EngineConfig {
   unsigned n_write_threads = 16;
   ODirectMode o_direct = ODirectMode::kAuto;
   Checksum checksum = Checksum::kCrc32c;
+  IoEngine io_engine = IoEngine::kAuto;
   Durability durability = Durability::kNone;
   /// Permission bits of new block files (block files reveal prompts: private by default);
   /// directories the engine creates get kvtier::directory_mode(file_mode).
@@ -72,9 +80,12 @@ ODirectMode parse_o_direct(const std::string& text);
 Checksum parse_checksum(const std::string& text);
 /// Parses "none" / "data" / "full"; throws std::invalid_argument.
 Durability parse_durability(const std::string& text);
+/// Parses "auto" / "io_uring" / "psync"; throws std::invalid_argument.
+IoEngine parse_io_engine(const std::string& text);
 
 const char* to_string(ODirectMode mode) noexcept;
 const char* to_string(Checksum checksum) noexcept;
 const char* to_string(Durability durability) noexcept;
+const char* to_string(IoEngine engine) noexcept;
 
 }  // namespace kvtier

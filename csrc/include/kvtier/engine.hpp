@@ -84,6 +84,11 @@ class Engine {
   /// Why ODirectMode::kAuto fell back to buffered I/O; empty when it did not.
   const std::string& o_direct_fallback_reason() const noexcept;
 
+  /// The engine that moves the bytes: IoEngine::kIoUring or IoEngine::kPsync (never kAuto).
+  IoEngine io_engine() const noexcept;
+  /// Why IoEngine::kAuto chose psync (the kernel's refusal of io_uring); empty when it did not.
+  const std::string& io_engine_fallback_reason() const noexcept;
+
   /// A non-blocking eventfd signalled on every completion, or -1 unless
   /// EngineConfig::completion_eventfd was set. Read it to reset it.
   int completion_eventfd() const noexcept;
