@@ -61,3 +61,38 @@ def interposer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert build.returncode == 0, build.stderr
     return out
+
+
+IO_ENGINES = ("psync", "io_uring")
+
+
+def io_uring_refusal(directory: Path) -> str:
+    """Why the native engine refuses io_engine="io_uring" in this process ("" if it accepts).
+
+    The answer is the engine's own (the kernel's refusal: io_uring disabled by sysctl, blocked
+    by seccomp, or a build without the io_uring engine), asked of a real engine.
+    """
+    from kvtier import _core
+
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = _core.Engine(
+            str(directory), n_read_threads=1, n_write_threads=0, io_engine="io_uring"
+        )
+    except OSError as e:
+        return e.strerror or str(e)
+    engine.shutdown()
+    return ""
+
+
+@pytest.fixture(scope="session")
+def _io_uring_refusal(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return io_uring_refusal(tmp_path_factory.mktemp("io-uring-probe"))
+
+
+@pytest.fixture(params=IO_ENGINES)
+def io_engine(request: pytest.FixtureRequest, _io_uring_refusal: str) -> str:
+    """Each I/O engine in turn; io_uring skips, with the engine's reason, where it is refused."""
+    if request.param == "io_uring" and _io_uring_refusal:
+        pytest.skip(f"io_uring refused here: {_io_uring_refusal}")
+    return request.param

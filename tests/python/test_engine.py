@@ -59,9 +59,20 @@ def run_job(engine: Any, job_id: int, kind: str, blocks: list[tuple]) -> Any:
     return collect(engine, [job_id])[job_id]
 
 
+# The I/O engine of the test running now (see _each_io_engine): make_engine passes it on.
+_IO_ENGINE = {"name": "psync"}
+
+
+@pytest.fixture(autouse=True)
+def _each_io_engine(io_engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test here runs once per I/O engine (conftest's io_engine: psync, io_uring)."""
+    monkeypatch.setitem(_IO_ENGINE, "name", io_engine)
+
+
 def make_engine(root: Path | str, **kw: Any) -> Any:
     kw.setdefault("n_read_threads", 2)
     kw.setdefault("n_write_threads", 2)
+    kw.setdefault("io_engine", _IO_ENGINE["name"])
     return core.Engine(str(root), **kw)
 
 
@@ -426,7 +437,7 @@ def test_bad_root_raises_oserror_with_errno_and_filename(tmp_path: Path) -> None
     blocker.write_bytes(b"x")
     root = blocker / "root"
     with pytest.raises(OSError) as info:
-        core.Engine(str(root), o_direct="auto")
+        core.Engine(str(root), o_direct="auto", io_engine=_IO_ENGINE["name"])
     assert isinstance(info.value, NotADirectoryError)
     assert info.value.errno == errno.ENOTDIR
     assert info.value.filename == str(root)
@@ -436,7 +447,7 @@ def test_o_direct_true_on_bad_root_raises_oserror(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_bytes(b"x")
     with pytest.raises(OSError) as info:
-        core.Engine(str(blocker), o_direct=True)
+        core.Engine(str(blocker), o_direct=True, io_engine=_IO_ENGINE["name"])
     assert info.value.errno in (errno.ENOTDIR, errno.EEXIST)
     assert info.value.filename == str(blocker)
 
@@ -458,6 +469,8 @@ def test_o_direct_true_on_bad_root_raises_oserror(tmp_path: Path) -> None:
         ({"staging_buffer_bytes": 1000}, "staging_buffer_bytes"),
         ({"staging_buffer_bytes": 0}, "staging_buffer_bytes"),
         ({"staging_buffer_bytes": 1 << 20, "staging_bytes_total": 4096}, "staging_bytes_total"),
+        ({"io_engine": "uring"}, "io_engine"),
+        ({"io_engine": ""}, "io_engine"),
     ],
 )
 def test_bad_option_values_raise_valueerror_naming_the_option(
@@ -475,6 +488,33 @@ def test_bad_choice_lists_the_valid_values(tmp_path: Path) -> None:
     assert "'sometimes'" in text
     for valid in ("none", "data", "full"):
         assert valid in text
+
+
+def test_bad_io_engine_lists_the_valid_values(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as info:
+        core.Engine(str(tmp_path / "root"), io_engine="libaio")
+    text = str(info.value)
+    assert "io_engine" in text and "'libaio'" in text
+    for valid in ("auto", "io_uring", "psync"):
+        assert valid in text
+
+
+def test_engine_reports_the_io_engine_it_runs(tmp_path: Path, engine_factory) -> None:
+    engine = engine_factory(tmp_path / "root")
+    assert engine.io_engine == _IO_ENGINE["name"]
+    assert engine.io_engine_fallback_reason == ""  # only "auto" falls back
+
+
+def test_auto_io_engine_uses_io_uring_or_says_why_not(
+    tmp_path: Path, engine_factory, _io_uring_refusal: str
+) -> None:
+    engine = engine_factory(tmp_path / "root", io_engine="auto")
+    if _io_uring_refusal:
+        assert engine.io_engine == "psync"
+        assert engine.io_engine_fallback_reason != ""
+    else:
+        assert engine.io_engine == "io_uring"
+        assert engine.io_engine_fallback_reason == ""
 
 
 def test_empty_root_needs_o_direct_off() -> None:

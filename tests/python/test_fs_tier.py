@@ -42,7 +42,8 @@ def primary(rows: int = 8, row_bytes: int = 3000, seed: int = 0) -> np.ndarray:
 
 
 @pytest.fixture
-def make_tier(tmp_path):
+def make_tier(tmp_path, io_engine):
+    """Tiers on each I/O engine in turn (conftest's io_engine), shut down at teardown."""
     tiers: list[FileSystemTierManager] = []
 
     def make(array: np.ndarray, spec: OffloadingSpec = SPEC, **options) -> FileSystemTierManager:
@@ -51,6 +52,7 @@ def make_tier(tmp_path):
             "root_dir": str(tmp_path / "root"),
             "n_read_threads": 2,
             "n_write_threads": 2,
+            "io_engine": io_engine,
             **options,
         }
         tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(array), spec)

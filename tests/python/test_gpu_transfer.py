@@ -123,13 +123,15 @@ LAYOUT_IDS = [layout.name for layout in LAYOUTS]
 
 
 @pytest.fixture
-def make_transfer(tmp_path):
+def make_transfer(tmp_path, io_engine):
+    """Transfers on each I/O engine in turn (conftest's io_engine), shut down at teardown."""
     made: list[GPUStorageTransfer] = []
 
     def make(kv: list[torch.Tensor], block_dim: int = 0, **options) -> GPUStorageTransfer:
         options = {
             "n_read_threads": 2,
             "n_write_threads": 2,
+            "io_engine": io_engine,
             "staging_buffer_bytes": PAGE,
             "staging_bytes_total": 2 * PAGE,
             **options,
@@ -449,6 +451,10 @@ def test_mismatched_kv_caches_are_rejected(tmp_path):
         ({"checksum": "md5"}, "'checksum'.*one of"),
         ({"n_read_threads": 0, "n_write_threads": 0}, "at least 1"),
         ({"numa_bind": "maybe"}, "'numa_bind'"),
+        (
+            {"io_engine": "uring"},
+            r"'io_engine' of GPUStorageTransfer.*\['auto', 'io_uring', 'psync'\]",
+        ),
     ],
     ids=[
         "unknown",
@@ -460,6 +466,7 @@ def test_mismatched_kv_caches_are_rejected(tmp_path):
         "checksum",
         "no-threads",
         "numa-bind",
+        "io-engine",
     ],
 )
 def test_invalid_options_are_rejected_before_anything_is_created(options, message, tmp_path):
@@ -482,6 +489,19 @@ def test_options_are_parsed(make_transfer):
     assert t.options.staging_bytes_total == 3 * 8192
     assert t.options.numa_bind is True
     assert t._engine.cuda_enabled is False  # CPU tensors never touch CUDA
+
+
+def test_transfer_reports_the_io_engine_it_runs(make_transfer, io_engine):
+    t = make_transfer([torch.zeros(8, 16)], 0, io_engine=io_engine.upper())
+    assert t.options.io_engine == io_engine
+    assert (t.io_engine, t.io_engine_fallback_reason) == (io_engine, "")
+
+
+def test_transfer_refusing_io_uring_says_what_to_use(tmp_path, _io_uring_refusal):
+    if not _io_uring_refusal:
+        pytest.skip("io_uring works here (test_io_engine.py covers the refusal in a child)")
+    with pytest.raises(OSError, match=r"GPUStorageTransfer: .*io_engine='auto'"):
+        GPUStorageTransfer([torch.zeros(8, 16)], SPEC, str(tmp_path / "r"), io_engine="io_uring")
 
 
 # ---- no CUDA needed -----------------------------------------------------------------------

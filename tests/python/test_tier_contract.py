@@ -19,7 +19,8 @@ from kvtier.tiering.base import (
 from kvtier.tiering.factory import SecondaryTierFactory
 from kvtier.tiering.spec import OffloadingSpec
 
-TIER_TYPES = ["example", "fs"]
+# The fs tier runs the contract on each I/O engine.
+TIER_TYPES = ["example", "fs-psync", "fs-io_uring"]
 CTX = ReqContext("req-0")
 SPEC = OffloadingSpec(model_name="test/model", dtype="float16")
 
@@ -33,13 +34,16 @@ def job(job_id: int, keys: list[bytes], slots: list[int], promotion: bool = Fals
 
 
 @pytest.fixture(params=TIER_TYPES)
-def tier_type(request) -> str:
+def tier_type(request, _io_uring_refusal) -> str:
+    if request.param == "fs-io_uring" and _io_uring_refusal:
+        pytest.skip(f"io_uring refused here: {_io_uring_refusal}")
     return request.param
 
 
 @pytest.fixture
 def make_tier(tier_type, tmp_path):
     created: list[SecondaryTierManager] = []
+    tier_type, _, io_engine = tier_type.partition("-")
 
     def make(view: memoryview, **options) -> SecondaryTierManager:
         config = {"type": tier_type, **options}
@@ -47,6 +51,7 @@ def make_tier(tier_type, tmp_path):
             config.setdefault("root_dir", str(tmp_path / "root"))
             config.setdefault("n_read_threads", 2)
             config.setdefault("n_write_threads", 2)
+            config.setdefault("io_engine", io_engine)
         tier = SecondaryTierFactory.create_secondary_tier(config, view, SPEC)
         created.append(tier)
         return tier
@@ -88,7 +93,7 @@ def test_spec_validates_fields():
 
 def test_tier_type_and_empty_lookup(make_tier, tier_type):
     tier = make_tier(memoryview(random_primary()))
-    assert tier.tier_type == tier_type
+    assert tier.tier_type == tier_type.partition("-")[0]
     assert tier.lookup(key(1), CTX) is False
 
 

@@ -37,13 +37,13 @@ def cuda_available() -> bool:
 class GPUStorageTransfer:
     """Stores blocks of ``kv_caches`` into files and loads them back, asynchronously.
 
-    ``kv_caches`` is a list of tensors (all CUDA tensors on one device, or all CPU tensors) in
-    which dimension ``block_dim`` indexes blocks. ``options`` are the fs tier's storage
-    options (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
-    ``durability``, ``file_mode``, and the capacity options ``max_bytes``,
-    ``min_free_fraction``, ``eviction``) plus ``staging_bytes_total``, ``staging_buffer_bytes``
-    and ``numa_bind``. With the same ``offloading_spec`` and ``root_dir`` an ``fs`` tier whose
-    primary rows are ``block_bytes`` long reads and writes the same files.
+    ``kv_caches`` is a list of tensors (all CUDA tensors on one device, or all CPU tensors) in which
+    dimension ``block_dim`` indexes blocks. ``options`` are the fs tier's storage options
+    (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``, ``durability``,
+    ``file_mode``, ``worker_nice``, ``io_engine``, and the capacity options ``max_bytes``,
+    ``min_free_fraction``, ``eviction``) plus ``staging_bytes_total``, ``staging_buffer_bytes`` and
+    ``numa_bind``. With the same ``offloading_spec`` and ``root_dir`` an ``fs`` tier whose primary
+    rows are ``block_bytes`` long reads and writes the same files.
     """
 
     def __init__(
@@ -215,6 +215,16 @@ class GPUStorageTransfer:
 
     def stats(self) -> dict[str, int]:
         return {**self._engine.stats(), **self._capacity.stats()}
+
+    @property
+    def io_engine(self) -> str:
+        """``"io_uring"`` or ``"psync"``: the engine moving the bytes (what ``"auto"`` chose)."""
+        return str(self._engine.io_engine)
+
+    @property
+    def io_engine_fallback_reason(self) -> str:
+        """Why ``io_engine="auto"`` chose psync (the kernel's refusal); empty otherwise."""
+        return str(self._engine.io_engine_fallback_reason)
 
     @property
     def numa_node(self) -> int:

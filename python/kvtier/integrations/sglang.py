@@ -10,11 +10,11 @@ SGLang (0.5.23) loads a storage backend it does not ship through its ``dynamic``
 SGLang constructs the class as ``KvtierHiCacheStorage(storage_config, kwargs)`` and then calls
 ``register_mem_pool_host(host_pool)``. Every key of the extra config other than SGLang's own
 (``backend_name``, ``module_path``, ``class_name``, ``interface_v1``) is an option of kvtier's
-``fs`` tier (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
-``durability``, ``file_mode``, ``worker_nice`` and whatever FsTierOptions gains), validated
-with the fs tier's errors. ``interface_v1`` makes SGLang use the zero-copy calls
-(``batch_get_v1`` / ``batch_set_v1``); without it SGLang uses the generic ones (``batch_get`` /
-``batch_set`` with one flat tensor per page). Both write the same files. See docs/sglang.md.
+``fs`` tier (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``, ``durability``,
+``file_mode``, ``worker_nice``, ``io_engine`` and whatever FsTierOptions gains), validated with the
+fs tier's errors. ``interface_v1`` makes SGLang use the zero-copy calls (``batch_get_v1`` /
+``batch_set_v1``); without it SGLang uses the generic ones (``batch_get`` / ``batch_set`` with one
+flat tensor per page). Both write the same files. See docs/sglang.md.
 
 One SGLang page is one kvtier block file (checksummed, in the fs tier's layout, so the fs
 tier's tooling works on it). The zero-copy path describes the host pool once as a
@@ -298,10 +298,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._waiter = _JobWaiter(engine)
         self._engine = engine
         logger.info(
-            "kvtier HiCache storage at %s (%s, direct I/O: %s, %d read + %d write threads%s)",
+            "kvtier HiCache storage at %s (%s, direct I/O: %s, io engine: %s, %d read + %d "
+            "write threads%s)",
             mapper.rank_dir,
             pool_layout.description,
             engine.direct_io,
+            engine.io_engine,
             self.options.n_read_threads,
             self.options.n_write_threads,
             "" if self.is_writer else ", reader only (MLA: another rank writes)",
@@ -535,6 +537,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
     def direct_io(self) -> bool:
         engine, _, _ = self._ready()
         return bool(engine.direct_io)
+
+    @property
+    def io_engine(self) -> str:
+        """``"io_uring"`` or ``"psync"``: the engine moving the bytes (what ``"auto"`` chose)."""
+        engine, _, _ = self._ready()
+        return str(engine.io_engine)
 
     def close(self) -> None:
         """Stop the engine: running block operations finish; idempotent."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from kvtier import _core
@@ -11,15 +12,37 @@ from kvtier.tiering.fs.options import StorageOptions
 
 logger = logging.getLogger(__name__)
 
+# Reasons for which io_engine="auto" fell back to psync that were logged already: the kernel
+# refuses io_uring to the whole process alike, so a server with dozens of tiers, transfers and
+# ranks says it once, not once per engine.
+_warned_io_engine_fallbacks: set[str] = set()
+_warned_lock = threading.Lock()
+
 
 def open_engine(
     mapper: FileMapper, options: StorageOptions, owner: str, **extra: Any
 ) -> _core.Engine:
     """An engine writing ``mapper``'s namespace with ``options``; warns once if O_DIRECT fell
-    back to buffered I/O. ``extra`` are further ``_core.Engine`` arguments (e.g. use_cuda)."""
-    engine = _core.Engine(
-        mapper.rank_dir, fingerprint=mapper.fingerprint, **options.engine_kwargs(), **extra
-    )
+    back to buffered I/O, and once per process and reason if ``io_engine="auto"`` fell back to
+    psync. ``extra`` are further ``_core.Engine`` arguments (e.g. use_cuda).
+
+    Raises OSError (ENOSYS, EPERM, ...) when ``io_engine="io_uring"`` is refused, saying
+    which values work instead."""
+    try:
+        engine = _core.Engine(
+            mapper.rank_dir, fingerprint=mapper.fingerprint, **options.engine_kwargs(), **extra
+        )
+    except OSError as e:
+        # The core names the option in its message when io_uring itself was refused; any other
+        # OSError (an unusable root) passes unchanged.
+        if options.io_engine != "io_uring" or "io_uring" not in (e.strerror or ""):
+            raise
+        raise OSError(
+            e.errno,
+            f"{owner}: {e.strerror}; use io_engine='auto' (io_uring where the kernel allows "
+            "it, otherwise psync) or io_engine='psync'",
+            e.filename,
+        ) from e
     if engine.o_direct_fallback_reason:
         logger.warning(
             "O_DIRECT is not usable under %s (%s); %s uses buffered I/O",
@@ -27,4 +50,15 @@ def open_engine(
             engine.o_direct_fallback_reason,
             owner,
         )
+    reason = engine.io_engine_fallback_reason
+    if reason:
+        with _warned_lock:
+            first = reason not in _warned_io_engine_fallbacks
+            _warned_io_engine_fallbacks.add(reason)
+        if first:
+            logger.warning(
+                "io_uring is not usable (%s); io_engine='auto' uses psync (pread/pwrite) in "
+                "this process",
+                reason,
+            )
     return engine

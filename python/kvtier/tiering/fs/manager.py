@@ -51,7 +51,8 @@ class FileSystemTierManager(SecondaryTierManager):
 
     Options (validated by :class:`~kvtier.tiering.fs.options.FsTierOptions`): ``root_dir``
     (required), ``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
-    ``durability``, ``file_mode``, ``async_lookup``, ``max_queued_store_jobs``.
+    ``durability``, ``file_mode``, ``worker_nice``, ``io_engine``, ``async_lookup``,
+    ``max_queued_store_jobs``.
     """
 
     def __init__(
@@ -125,10 +126,11 @@ class FileSystemTierManager(SecondaryTierManager):
         self._shut_down = False
         self._failure_log = RateLimitedLog(logger)
         logger.info(
-            "Secondary tier '%s' at %s (direct I/O: %s, %d read + %d write threads)",
+            "Secondary tier '%s' at %s (direct I/O: %s, io engine: %s, %d read + %d write threads)",
             tier_type,
             self.file_mapper.rank_dir,
             self._engine.direct_io,
+            self._engine.io_engine,
             opts.n_read_threads,
             opts.n_write_threads,
         )
@@ -319,6 +321,16 @@ class FileSystemTierManager(SecondaryTierManager):
     @property
     def direct_io(self) -> bool:
         return bool(self._engine.direct_io)
+
+    @property
+    def io_engine(self) -> str:
+        """``"io_uring"`` or ``"psync"``: the engine moving the bytes (what ``"auto"`` chose)."""
+        return str(self._engine.io_engine)
+
+    @property
+    def io_engine_fallback_reason(self) -> str:
+        """Why ``io_engine="auto"`` chose psync (the kernel's refusal); empty otherwise."""
+        return str(self._engine.io_engine_fallback_reason)
 
 
 def _close(lookups: LookupCache, capacity: CapacityController) -> None:

@@ -17,6 +17,7 @@ from kvtier.tiering.fs.capacity.sizes import SIZE_SYNTAX, parse_size
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 MAX_THREADS = 1024  # the native engine's own limit
+IO_ENGINES = ("auto", "io_uring", "psync")  # values of the io_engine option
 # Options the Python side implements (root layout, capacity); never passed to the engine.
 _NOT_ENGINE_OPTIONS = frozenset({"root_dir", "max_bytes", "min_free_fraction", "eviction"})
 
@@ -34,6 +35,8 @@ class StorageOptions:
     file_mode: int = 0o600
     # Nice value of the I/O worker threads: keeps them from starving the scheduler loop.
     worker_nice: int = 19
+    # "auto": io_uring where the kernel allows it, else psync (pread/pwrite), with one warning.
+    io_engine: Literal["auto", "io_uring", "psync"] = "auto"
     # Capacity of the whole root (docs/tiers.md, "Capacity"); kvtier's, not the engine's.
     max_bytes: int | None = None
     min_free_fraction: float = 0.05
@@ -63,6 +66,7 @@ class StorageOptions:
             "durability": p.choice("durability", get("durability"), ("none", "data", "full")),
             "file_mode": p.file_mode(get("file_mode")),
             "worker_nice": p.integer("worker_nice", get("worker_nice"), 0, 19),
+            "io_engine": p.choice("io_engine", get("io_engine"), IO_ENGINES),
             "max_bytes": p.size("max_bytes", get("max_bytes")),
             "min_free_fraction": p.fraction(
                 "min_free_fraction", get("min_free_fraction"), MAX_MIN_FREE_FRACTION
@@ -227,4 +231,4 @@ class OptionParser:
         return value
 
 
-__all__ = ["FsTierOptions", "OptionParser", "StorageOptions"]
+__all__ = ["IO_ENGINES", "FsTierOptions", "OptionParser", "StorageOptions"]
