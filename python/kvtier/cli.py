@@ -197,7 +197,27 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="also run the workload through vLLM's fs tier (needs vllm), or (sglang) SGLang's "
         "file backend and kvtier's SGLang backend side by side (needs sglang)",
     )
-    bench.add_argument("--no-fio", action="store_true", help="skip the fio ceiling")
+    engines = bench.add_mutually_exclusive_group()
+    engines.add_argument(
+        "--io-engine",
+        choices=["auto", "io_uring", "psync"],
+        default="auto",
+        help="the fs tier's io_engine (default: auto, io_uring where the kernel allows it, "
+        "otherwise psync; the report says which ran and why auto fell back)",
+    )
+    engines.add_argument(
+        "--compare-io-engines",
+        action="store_true",
+        help="run the tier with psync and with io_uring side by side, alternating within each "
+        "run, with their ratio",
+    )
+    bench.add_argument(
+        "--checksum",
+        choices=["crc32c", "none"],
+        default="crc32c",
+        help="the fs tier's checksum (default: crc32c; the CPU target is set for none)",
+    )
+    bench.add_argument("--no-fio", action="store_true", help="skip the fio ceilings")
     bench.add_argument(
         "--json",
         type=Path,
@@ -270,6 +290,9 @@ def _bench(args: argparse.Namespace) -> int:
         latency_samples=args.latency_samples,
         loop_seconds=args.loop_seconds,
         peers=tuple(dict.fromkeys(args.peer)),
+        io_engine=args.io_engine,
+        compare_io_engines=args.compare_io_engines,
+        checksum=args.checksum,
         run_fio=not args.no_fio,
         json_path=args.json,
         plot_path=args.plot,

@@ -91,6 +91,10 @@ class BenchConfig:
     latency_samples: int = 100
     loop_seconds: float = 1.0
     peers: tuple[str, ...] = ()
+    #: The fs tier's io_engine; with compare_io_engines, psync and io_uring run side by side.
+    io_engine: str = "auto"
+    compare_io_engines: bool = False
+    checksum: str = "crc32c"
     run_fio: bool = True
     json_path: Path | None = None
     plot_path: Path | None = None

@@ -7,6 +7,7 @@ import math
 import textwrap
 from pathlib import Path
 
+from kvtier.bench.ceiling import CEILINGS
 from kvtier.bench.config import NOISY_RATIO, format_size
 from kvtier.bench.machine import describe_short
 
@@ -25,7 +26,29 @@ def _tier_label(name: str, results: dict) -> str:
     if name == "vllm":
         io_path = results.get("peers", {}).get("vllm", {}).get("io_path", "")
         return "vllm fs (" + ("pure Python" if io_path.startswith("pure") else "native") + ")"
+    if name.startswith("kvtier-"):  # --compare-io-engines: one tier per engine
+        return f"kvtier fs ({name.removeprefix('kvtier-')})"
     return "kvtier fs"
+
+
+def _io_engine_text(results: dict) -> str | None:
+    """Which I/O engine each kvtier tier ran, and why "auto" fell back; None for results
+    saved before the io_engine option."""
+    engines = results.get("io_engines")
+    if not engines:
+        return None
+    parts = []
+    for info in engines.values():
+        if "unavailable" in info:
+            parts.append(f"{info['requested']} unavailable ({info['unavailable']})")
+            continue
+        ran = info.get("io_engine", info["requested"])
+        if info["requested"] == "auto":
+            reason = info.get("fallback_reason")
+            ran += f" (auto fell back: {reason})" if reason else " (chosen by auto)"
+        parts.append(ran)
+    prefix = "side by side: " if results["config"].get("compare_io_engines") else ""
+    return prefix + "; ".join(parts)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -96,6 +119,9 @@ def render(results: dict) -> str:
     )
     out.append(f"  figures:  {cfg['statistic']}")
     out.append(f"  loads bypass the page cache with: {bypass or '-'}")
+    engines = _io_engine_text(results)
+    if engines:
+        out.append(f"  io engine: {engines}, checksum {cfg.get('checksum', 'crc32c')}")
     vllm = results.get("peers", {}).get("vllm")
     if vllm:
         if vllm.get("available"):
@@ -128,9 +154,11 @@ def render(results: dict) -> str:
                     _f(tp.get("first_store_gbps")),
                 ]
             )
-        fio = entry.get("fio")
-        if fio:
-            row_label = f"{entry['label']} fio (ceiling)"
+        for ceiling in CEILINGS:
+            fio = entry.get(ceiling.key)
+            if not fio:
+                continue
+            row_label = f"{entry['label']} {ceiling.label}"
             rows.append(
                 [
                     row_label,
@@ -188,6 +216,11 @@ def render(results: dict) -> str:
     out.append("Load latency of 4-block jobs (ms, p50/p95/p99, median of the runs)")
     out.append(_table(["block / tier", "idle", "under store flood", "p95 ratio", "samples"], rows))
 
+    comparison = _engine_comparison(results)
+    if comparison:
+        out.append("")
+        out.extend(comparison)
+
     out.append("")
     out.extend(_ceiling_lines(results))
 
@@ -239,11 +272,120 @@ def _ceiling_lines(results: dict) -> list[str]:
     out.append(_table(["block / tier", "store / fio write", "load / fio read"], rows))
     if above:  # clearly above: the runs' ranges do not overlap
         out.extend(_above_ceiling_reason(results, with_fio[0]["fio"]))
+    out.append("")
+    out.extend(_target_lines(results, with_fio))
     out.append("Ceiling commands (fio, per run):")
     for entry in with_fio:
-        out.append(f"  {entry['label']}: {entry['fio']['write_command']}")
-        out.append(f"  {entry['label']}: {entry['fio']['read_command']}")
+        for ceiling in CEILINGS:
+            if entry.get(ceiling.key):
+                out.append(
+                    f"  {entry['label']} {ceiling.label}: {entry[ceiling.key]['write_command']}"
+                )
+                out.append(
+                    f"  {entry['label']} {ceiling.label}: {entry[ceiling.key]['read_command']}"
+                )
+    for key, reason in results.get("fio", {}).get("skipped_ceilings", {}).items():
+        label = next(c.label for c in CEILINGS if c.key == key)
+        out.append(f"  {label}: skipped ({reason})")
     return out
+
+
+def _ratio(mine: float | None, theirs: float | None) -> float | None:
+    return mine / theirs if mine and theirs else None
+
+
+def _engine_comparison(results: dict) -> list[str]:
+    """--compare-io-engines: io_uring against psync per block size, as ratios (>1: io_uring
+    moves more per second, or spends more CPU per GiB, or waits longer under the flood)."""
+    if not results["config"].get("compare_io_engines"):
+        return []
+    rows = []
+    for entry in results["sizes"]:
+        ps = entry["tiers"].get("kvtier-psync")
+        ur = entry["tiers"].get("kvtier-io_uring")
+        cells = [entry["label"]]
+        for key in ("store_gbps", "load_gbps"):
+            mine = ps["throughput"].get(key) if ps else None
+            theirs = ur["throughput"].get(key) if ur else None
+            cells += [_f(mine), _f(theirs) if ur else "unavailable"]
+            cells.append(_f(_ratio(theirs, mine), "{:.2f}x"))
+        for key in ("store_cpu_s_per_gib", "load_cpu_s_per_gib"):
+            mine = ps["throughput"].get(key) if ps else None
+            theirs = ur["throughput"].get(key) if ur else None
+            cells.append(_f(_ratio(theirs, mine), "{:.2f}x"))
+        flood = [t["latency"]["flood"].get("p95_ms") if t else None for t in (ur, ps)]
+        cells.append(_f(_ratio(*flood), "{:.2f}x"))
+        rows.append(cells)
+    header = ["block", "store psync", "io_uring", "ratio", "load psync", "io_uring", "ratio"]
+    header += ["store CPU ratio", "load CPU ratio", "flood p95 ratio"]
+    return [
+        "io_uring against psync (GB/s; ratio = io_uring / psync, alternating within each run)",
+        _table(header, rows),
+    ]
+
+
+#: The issue-13 targets: block size -> least share of fio's (psync) store and load GB/s.
+_THROUGHPUT_TARGETS = {256 << 10: 0.8, 2 << 20: 0.9}
+_CPU_TARGET = 1.3  # at most this times fio's CPU seconds per GiB, with checksum none
+_FLOOD_TARGET = 3.0  # load p95 under a store flood at most this times idle
+_LOOP_TARGET = 0.95  # scheduler loop kept while storing
+
+
+def _target_lines(results: dict, with_fio: list[dict]) -> list[str]:
+    """Each kvtier tier against the issue-13 targets: the measured ratio, met or missed."""
+    checksum = results["config"].get("checksum", "crc32c")
+    rows: list[list[str]] = []
+
+    def row(label: str, target: str, value: float | None, fmt: str, met: bool | None) -> None:
+        verdict = "-" if value is None or met is None else ("met" if met else "missed")
+        rows.append([f"{label}: {target}", _f(value, fmt), verdict])
+
+    for entry in with_fio:
+        fio = entry["fio"]
+        for name, t in entry["tiers"].items():
+            if not name.startswith("kvtier"):
+                continue
+            label = f"{entry['label']} {_tier_label(name, results)}"
+            tp = t["throughput"]
+            least = _THROUGHPUT_TARGETS.get(entry["block_size"])
+            if least is not None:
+                for mine, theirs, what in (
+                    ("store_gbps", "write_gbps", "store"),
+                    ("load_gbps", "read_gbps", "load"),
+                ):
+                    ratio = _ratio(tp.get(mine), fio.get(theirs))
+                    met = None if ratio is None else ratio >= least
+                    row(label, f"{what} >= {least}x fio psync", ratio, "{:.2f}x", met)
+            for mine, theirs, what in (
+                ("store_cpu_s_per_gib", "write_cpu_s_per_gib", "store"),
+                ("load_cpu_s_per_gib", "read_cpu_s_per_gib", "load"),
+            ):
+                ratio = _ratio(tp.get(mine), fio.get(theirs))
+                if checksum == "none":
+                    met = None if ratio is None else ratio <= _CPU_TARGET
+                    row(label, f"{what} CPU/GiB <= {_CPU_TARGET}x fio's", ratio, "{:.2f}x", met)
+                else:  # the target is set for checksum none: shown, not judged
+                    target = f"{what} CPU/GiB <= {_CPU_TARGET}x fio's (with --checksum none)"
+                    row(label, target, ratio, "{:.2f}x", None)
+            ratio = t["latency"].get("p95_ratio")
+            met = None if ratio is None else ratio <= _FLOOD_TARGET
+            row(label, f"load p95 under flood <= {_FLOOD_TARGET:g}x idle", ratio, "{:.1f}x", met)
+            kept = t["interference"].get("ratio")
+            met = None if kept is None else kept >= _LOOP_TARGET
+            row(label, f"scheduler loop kept >= {_LOOP_TARGET:.0%}", kept, "{:.0%}", met)
+            vllm = entry["tiers"].get("vllm")
+            if vllm:
+                for key, what in (("store_gbps", "store"), ("load_gbps", "load")):
+                    ratio = _ratio(tp.get(key), vllm["throughput"].get(key))
+                    met = None if ratio is None else ratio >= 1.0
+                    row(label, f"{what} >= vLLM's fs tier", ratio, "{:.2f}x", met)
+    if not rows:
+        return []
+    note = "" if checksum == "none" else ";\nCPU is judged only with --checksum none"
+    return [
+        f"Against the issue-13 targets (medians; ratios against fio psync on the same files{note})",
+        _table(["block / tier: target", "measured", "result"], rows),
+    ]
 
 
 def _above_ceiling_reason(results: dict, fio: dict) -> list[str]:

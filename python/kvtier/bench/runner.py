@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
 import statistics
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import kvtier
 from kvtier import _core
-from kvtier.bench.ceiling import fio_available, fio_job_size, run_fio
+from kvtier.bench.ceiling import CEILINGS, fio_available, fio_job_size, run_fio
 from kvtier.bench.config import MIN_BLOCKS, NOISY_RATIO, BenchConfig, MiB, format_size
 from kvtier.bench.errors import BenchError
 from kvtier.bench.interference import measure_interference
@@ -23,7 +24,13 @@ from kvtier.bench.machine import describe_machine
 from kvtier.bench.progress import Progress
 from kvtier.bench.scratch import check_root, make_scratch
 from kvtier.bench.throughput import measure_throughput
-from kvtier.bench.workload import DriverFactory, PrimaryMemory, TierDriver, kvtier_factory
+from kvtier.bench.workload import (
+    DriverFactory,
+    PrimaryMemory,
+    TierDriver,
+    io_uring_refusal,
+    kvtier_factory,
+)
 
 THROUGHPUT = "store/load throughput"
 INTERFERENCE = "scheduler loop vs. streaming stores"
@@ -215,14 +222,8 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
 
     tiers: dict[str, DriverFactory] = {}
     peers: dict[str, dict] = {}
-    tiers["kvtier"] = kvtier_factory(
-        config.read_threads,
-        config.write_threads,
-        max_queued_store_jobs=max(
-            1024, per_run // min(config.block_sizes) // config.blocks_per_job + 16
-        ),
-    )
     notes: list[str] = []
+    io_engines = _kvtier_tiers(config, scratch, per_run, tiers, notes)
     if "vllm" in config.peers:
         from kvtier.bench.peer_vllm import vllm_factory, vllm_status
 
@@ -247,7 +248,7 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
 
     per_rep_weights = [
         *[_STEP_WEIGHTS[k] for _ in tiers for k in ("throughput", "interference", "latency")],
-        *([_STEP_WEIGHTS["fio"]] if fio_path else []),
+        *([_STEP_WEIGHTS["fio"]] * len(CEILINGS) if fio_path else []),
     ]
     progress = Progress(
         per_rep_weights * (len(config.block_sizes) * config.repeat),
@@ -274,8 +275,18 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
             per_run=per_run,
             samples_per_run=samples_per_run,
             loop_seconds_per_run=loop_seconds_per_run,
+            io_engines=io_engines,
         )
-        results = _measure(config, plan, progress)
+        # The tier's warnings (io_engine "auto" falling back, once) join the progress lines
+        # instead of cutting into the live line.
+        relay = _ToProgress(progress) if config.progress else None
+        if relay is not None:
+            logging.getLogger("kvtier").addHandler(relay)
+        try:
+            results = _measure(config, plan, progress)
+        finally:
+            if relay is not None:
+                logging.getLogger("kvtier").removeHandler(relay)
     finally:
         progress.close()  # also stops its ticker thread on an error or Ctrl-C
     if "sglang" in config.peers:
@@ -287,6 +298,17 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
             scratch, config.block_sizes, plan.per_run, threads, stream, config.repeat
         )
     return results
+
+
+class _ToProgress(logging.Handler):
+    """Shows kvtier's warnings as progress messages while the bench runs."""
+
+    def __init__(self, progress: Progress) -> None:
+        super().__init__(logging.WARNING)
+        self._progress = progress
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._progress.message(record.getMessage())
 
 
 @dataclass(frozen=True)
@@ -304,6 +326,50 @@ class _Plan:
     per_run: int
     samples_per_run: int
     loop_seconds_per_run: float
+    #: Per kvtier tier: the io_engine asked for, the one that ran and why "auto" fell back (or
+    #: why io_uring was unavailable to --compare-io-engines).
+    io_engines: dict[str, dict]
+
+
+def _kvtier_tiers(
+    config: BenchConfig, scratch: Path, per_run: int, tiers: dict[str, DriverFactory], notes: list
+) -> dict[str, dict]:
+    """Adds kvtier's tier, or with --compare-io-engines one per engine ("kvtier-psync",
+    "kvtier-io_uring"), to ``tiers``; returns what each asked for and (once run) what ran.
+
+    io_uring refused by the kernel ends the run for --io-engine io_uring (BenchError) and is
+    reported as unavailable for --compare-io-engines."""
+    compare = config.compare_io_engines
+    engines = ("psync", "io_uring") if compare else (config.io_engine,)
+    refusal = ""
+    if "io_uring" in engines:
+        probe = scratch / "io-uring-probe"
+        refusal = io_uring_refusal(probe)
+        shutil.rmtree(probe, ignore_errors=True)
+    io_engines: dict[str, dict] = {}
+    for engine in engines:
+        name = f"kvtier-{engine}" if compare else "kvtier"
+        if engine == "io_uring" and refusal:
+            if not compare:
+                raise BenchError(
+                    f"--io-engine io_uring: {refusal}; choose --io-engine auto (io_uring where "
+                    "the kernel allows it, otherwise psync) or psync"
+                )
+            io_engines[name] = {"requested": engine, "unavailable": refusal}
+            notes.append(f"--compare-io-engines: io_uring is unavailable ({refusal}); psync ran")
+            continue
+        io_engines[name] = {"requested": engine}
+        tiers[name] = kvtier_factory(
+            config.read_threads,
+            config.write_threads,
+            max_queued_store_jobs=max(
+                1024, per_run // min(config.block_sizes) // config.blocks_per_job + 16
+            ),
+            io_engine=engine,
+            checksum=config.checksum,
+            ran=io_engines[name],
+        )
+    return io_engines
 
 
 def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
@@ -315,6 +381,7 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
     started = time.time()
     sizes: list[dict] = []
     cache_bypass: dict[str, str] = {}
+    fio_skipped: dict[str, str] = {}  # ceilings fio could not run here, and why
 
     for block_size in config.block_sizes:
         n = per_run // block_size
@@ -325,7 +392,7 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
             per_tier: dict[str, dict[str, list[dict]]] = {
                 name: {"throughput": [], "interference": [], "latency": []} for name in tiers
             }
-            fio_runs: list[dict] = []
+            fio_runs: dict[str, list[dict]] = {c.key: [] for c in CEILINGS}
             for rep in range(config.repeat):
                 order = list(tiers) if rep % 2 == 0 else list(reversed(tiers))
                 for name in order:
@@ -361,17 +428,27 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
                     per_tier[name]["interference"].append(results[INTERFERENCE])
                     per_tier[name]["latency"].append(results[LATENCY])
 
-                if fio_path:
-                    progress.step(f"{label} fio ceiling (run {rep + 1}/{config.repeat})")
-                    fio_runs.append(
-                        run_fio(
-                            scratch / f"fio-{block_size}-{rep}",
-                            block_size=block_size,
-                            total_bytes=per_run,
-                            numjobs=config.threads,
-                            direct=direct,
-                        )
-                    )
+                for ceiling in CEILINGS if fio_path else ():
+                    progress.step(f"{label} {ceiling.label} (run {rep + 1}/{config.repeat})")
+                    if ceiling.key not in fio_skipped:
+                        try:
+                            fio_runs[ceiling.key].append(
+                                run_fio(
+                                    scratch / f"{ceiling.key}-{block_size}-{rep}",
+                                    block_size=block_size,
+                                    total_bytes=per_run,
+                                    numjobs=config.threads,
+                                    direct=direct,
+                                    ceiling=ceiling,
+                                )
+                            )
+                        except BenchError as exc:
+                            if ceiling.key == "fio":  # the ceiling every ratio is against
+                                raise
+                            # fio without io_uring (old fio, a kernel or seccomp refusing it):
+                            # the other ceilings still stand.
+                            fio_skipped[ceiling.key] = str(exc)
+                            progress.message(f"{ceiling.label} skipped: {exc}")
                     progress.advance()
         finally:
             primary.close()
@@ -402,13 +479,20 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
                 ),
                 "latency": _aggregate_latency(phases["latency"]),
             }
-        if fio_runs:
+        for ceiling_key, runs in fio_runs.items():
+            if not runs:
+                continue
             fio = summarize_runs(
-                fio_runs, ("write_gbps", "read_gbps", "write_cpu_s_per_gib", "read_cpu_s_per_gib")
+                runs, ("write_gbps", "read_gbps", "write_cpu_s_per_gib", "read_cpu_s_per_gib")
             )
             for key in ("write_command", "read_command", "numjobs", "size_per_job", "direct"):
-                fio[key] = fio_runs[0][key]  # the same in every run
-            entry["fio"] = fio
+                fio[key] = runs[0][key]  # the same in every run
+            for key in ("ioengine", "file_per_block"):
+                if key in runs[0]:
+                    fio[key] = runs[0][key]
+            entry[ceiling_key] = fio
+        if "fio" in entry:
+            fio = entry["fio"]
             for t in entry["tiers"].values():
                 t["throughput"]["store_vs_fio"] = t["throughput"]["store_gbps"] / fio["write_gbps"]
                 t["throughput"]["load_vs_fio"] = t["throughput"]["load_gbps"] / fio["read_gbps"]
@@ -430,6 +514,9 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
             "repeat": config.repeat,
             "latency_samples": config.latency_samples,
             "loop_seconds": config.loop_seconds,
+            "io_engine": config.io_engine,
+            "compare_io_engines": config.compare_io_engines,
+            "checksum": config.checksum,
             "statistic": (
                 f"median of {config.repeat} runs, spread = [min, max], noisy when max/min > "
                 f"{NOISY_RATIO}"
@@ -440,7 +527,8 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
         },
         "cache_bypass": cache_bypass,
         "peers": peers,
-        "fio": fio_info or {"found": fio_path, "direct": direct},
+        "fio": fio_info or {"found": fio_path, "direct": direct, "skipped_ceilings": fio_skipped},
+        "io_engines": plan.io_engines,
         "sizes": sizes,
         "notes": notes,
     }

@@ -191,6 +191,19 @@ def remove_files(paths: Iterable[str]) -> None:
             pass
 
 
+def io_uring_refusal(directory: Path) -> str:
+    """Why kvtier's engine refuses io_engine="io_uring" in this process ("" if it accepts):
+    asked of a real engine on ``directory`` (created and left empty)."""
+    try:
+        engine = _core.Engine(
+            str(directory), n_read_threads=1, n_write_threads=0, io_engine="io_uring"
+        )
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    engine.shutdown()
+    return ""
+
+
 class KvtierDriver:
     """kvtier's `fs` tier, created through the public factory as an engine would."""
 
@@ -205,6 +218,8 @@ class KvtierDriver:
         write_threads: int,
         max_queued_store_jobs: int,
         worker_nice: int | None = None,
+        io_engine: str = "auto",
+        checksum: str = "crc32c",
     ):
         self._job_metadata = JobMetadata
         self._req = ReqContext(req_id="kvtier-bench")
@@ -216,6 +231,8 @@ class KvtierDriver:
             "n_write_threads": write_threads,
             "o_direct": "auto",
             "max_queued_store_jobs": max_queued_store_jobs,
+            "io_engine": io_engine,
+            "checksum": checksum,
         }
         if worker_nice is not None:  # else the tier's default
             config["worker_nice"] = worker_nice
@@ -230,6 +247,10 @@ class KvtierDriver:
         if direct is None:  # a tier without the property: probe the way its engine does
             direct = _core.probe_o_direct(str(root)) == ""
         self.cache_bypass = O_DIRECT if direct else FADVISE
+        #: The engine that moves the bytes, as the tier reports it ("auto" resolved), and why
+        #: "auto" fell back to psync (empty when it did not).
+        self.io_engine: str = self._tier.io_engine
+        self.io_engine_fallback_reason: str = self._tier.io_engine_fallback_reason
 
     def _meta(self, job: Job, is_promotion: bool):
         return self._job_metadata(
@@ -261,15 +282,29 @@ class KvtierDriver:
 
 
 def kvtier_factory(
-    read_threads: int, write_threads: int, max_queued_store_jobs: int
+    read_threads: int,
+    write_threads: int,
+    max_queued_store_jobs: int,
+    io_engine: str = "auto",
+    checksum: str = "crc32c",
+    ran: dict[str, str] | None = None,
 ) -> DriverFactory:
+    """Creates kvtier drivers; ``ran`` (if given) receives the engine the last one runs
+    (``io_engine``) and why "auto" fell back (``fallback_reason``), as the tier reports them."""
+
     def create(root: Path, primary: PrimaryMemory) -> TierDriver:
-        return KvtierDriver(
+        driver = KvtierDriver(
             root,
             primary,
             read_threads=read_threads,
             write_threads=write_threads,
             max_queued_store_jobs=max_queued_store_jobs,
+            io_engine=io_engine,
+            checksum=checksum,
         )
+        if ran is not None:
+            ran["io_engine"] = driver.io_engine
+            ran["fallback_reason"] = driver.io_engine_fallback_reason
+        return driver
 
     return create

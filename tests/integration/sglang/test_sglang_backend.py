@@ -85,6 +85,21 @@ def test_bad_option_value_is_rejected_like_the_fs_tier(
         make_backend(KVTIER, tmp_path, host_pool("layer_first"), durability="sometimes")
 
 
+def test_bad_io_engine_is_rejected_naming_the_choices(
+    tmp_path: Path, make_backend: MakeBackend
+) -> None:
+    with pytest.raises(ValueError, match=r"'io_engine'.*\['auto', 'io_uring', 'psync'\]"):
+        make_backend(KVTIER, tmp_path, host_pool("layer_first"), io_engine="uring")
+
+
+def test_io_engine_reaches_the_engine_and_is_reported(
+    tmp_path: Path, make_backend: MakeBackend
+) -> None:
+    backend = make_backend(KVTIER, tmp_path, host_pool("layer_first"), io_engine="psync")
+    assert backend.options.io_engine == "psync"
+    assert backend.io_engine == "psync"
+
+
 def test_uncreatable_root_dir_is_an_oserror_naming_it(
     tmp_path: Path, make_backend: MakeBackend
 ) -> None:

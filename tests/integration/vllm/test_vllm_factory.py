@@ -101,6 +101,7 @@ def test_unknown_option_is_a_value_error_naming_valid_options(
         ("async_lookup", "maybe"),
         ("locality", "SIDEWAYS"),
         ("enable_kv_events", "perhaps"),
+        ("io_engine", "uring"),
     ],
 )
 def test_invalid_option_values_are_rejected(
@@ -108,6 +109,21 @@ def test_invalid_option_values_are_rejected(
 ) -> None:
     with pytest.raises(ValueError, match=option):
         create(make_tier_config(tmp_path, **{option: value}), primary_view)
+
+
+@pytest.mark.parametrize("io_engine", ["psync", "auto"])
+def test_io_engine_reaches_kvtier_and_the_tier_says_which_runs(
+    tmp_path: Path, primary_view: memoryview, io_engine: str
+) -> None:
+    tier = create(make_tier_config(tmp_path, io_engine=io_engine), primary_view)
+    try:
+        assert tier.kvtier_tier.options.io_engine == io_engine
+        fell_back = bool(tier.kvtier_tier.io_engine_fallback_reason)
+        # "auto" runs io_uring unless it fell back, and then says why.
+        expected = "psync" if io_engine == "psync" or fell_back else "io_uring"
+        assert tier.io_engine == expected
+    finally:
+        tier.shutdown()
 
 
 def test_missing_root_dir_is_rejected(primary_view: memoryview) -> None:
