@@ -28,14 +28,13 @@ def open_engine(
 
     Raises OSError (ENOSYS, EPERM, ...) when ``io_engine="io_uring"`` is refused, saying
     which values work instead."""
+    kwargs = {**options.engine_kwargs(), **extra}
     try:
-        engine = _core.Engine(
-            mapper.rank_dir, fingerprint=mapper.fingerprint, **options.engine_kwargs(), **extra
-        )
+        engine = _core.Engine(mapper.rank_dir, fingerprint=mapper.fingerprint, **kwargs)
     except OSError as e:
-        # The core names the option in its message when io_uring itself was refused; any other
-        # OSError (an unusable root) passes unchanged.
-        if options.io_engine != "io_uring" or "io_uring" not in (e.strerror or ""):
+        # Only a refusal of io_uring itself gets the advice; any other OSError (an unusable
+        # root) passes unchanged. Asking psync tells the two apart whatever the message says.
+        if options.io_engine != "io_uring" or not _opens_with_psync(mapper, kwargs):
             raise
         raise OSError(
             e.errno,
@@ -62,3 +61,15 @@ def open_engine(
                 reason,
             )
     return engine
+
+
+def _opens_with_psync(mapper: FileMapper, kwargs: dict[str, Any]) -> bool:
+    """Whether the engine ``kwargs`` describe opens with io_engine="psync" instead."""
+    try:
+        engine = _core.Engine(
+            mapper.rank_dir, fingerprint=mapper.fingerprint, **{**kwargs, "io_engine": "psync"}
+        )
+    except OSError:
+        return False
+    engine.shutdown()
+    return True
