@@ -117,7 +117,9 @@ SECCOMP_CHILD = textwrap.dedent(
     # The filter is live: io_uring_setup itself now fails with EPERM.
     setup = ctypes.CDLL(None, use_errno=True).syscall
     setup.restype = ctypes.c_long
-    refused = setup(425, 1, ctypes.create_string_buffer(120)) == -1 and ctypes.get_errno() == EPERM
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params
+    refused = (setup(ctypes.c_long(425), ctypes.c_long(1), params) == -1
+               and ctypes.get_errno() == EPERM)
 
     records = []
 
