@@ -100,6 +100,17 @@ def test_io_engine_reaches_the_engine_and_is_reported(
     assert backend.io_engine == "psync"
 
 
+def test_refused_io_uring_fails_registration_saying_what_to_use(
+    tmp_path: Path, make_backend: MakeBackend
+) -> None:
+    from kvtier.bench.workload import io_uring_refusal
+
+    if not io_uring_refusal(tmp_path / "probe"):
+        pytest.skip("io_uring works here (tests/python/test_io_engine.py refuses it in a child)")
+    with pytest.raises(OSError, match=r"SGLang storage backend 'kvtier': .*use io_engine='auto'"):
+        make_backend(KVTIER, tmp_path / "kv", host_pool("layer_first"), io_engine="io_uring")
+
+
 def test_uncreatable_root_dir_is_an_oserror_naming_it(
     tmp_path: Path, make_backend: MakeBackend
 ) -> None:

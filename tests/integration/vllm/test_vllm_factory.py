@@ -126,6 +126,17 @@ def test_io_engine_reaches_kvtier_and_the_tier_says_which_runs(
         tier.shutdown()
 
 
+def test_refused_io_uring_fails_start_up_saying_what_to_use(
+    tmp_path: Path, primary_view: memoryview
+) -> None:
+    from kvtier.bench.workload import io_uring_refusal
+
+    if not io_uring_refusal(tmp_path / "probe"):
+        pytest.skip("io_uring works here (tests/python/test_io_engine.py refuses it in a child)")
+    with pytest.raises(OSError, match=r"io_engine='io_uring'.*use io_engine='auto'"):
+        create(make_tier_config(tmp_path / "kv", io_engine="io_uring"), primary_view)
+
+
 def test_missing_root_dir_is_rejected(primary_view: memoryview) -> None:
     config = {"type": TIER_TYPE, "module_path": "kvtier.integrations.vllm"}
     with pytest.raises(ValueError, match="root_dir"):
