@@ -66,33 +66,17 @@ def interposer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 IO_ENGINES = ("psync", "io_uring")
 
 
-def io_uring_refusal(directory: Path) -> str:
-    """Why the native engine refuses io_engine="io_uring" in this process ("" if it accepts).
-
-    The answer is the engine's own (the kernel's refusal: io_uring disabled by sysctl, blocked
-    by seccomp, or a build without the io_uring engine), asked of a real engine.
-    """
-    from kvtier import _core
-
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
-        engine = _core.Engine(
-            str(directory), n_read_threads=1, n_write_threads=0, io_engine="io_uring"
-        )
-    except OSError as e:
-        return e.strerror or str(e)
-    engine.shutdown()
-    return ""
-
-
 @pytest.fixture(scope="session")
-def _io_uring_refusal(tmp_path_factory: pytest.TempPathFactory) -> str:
+def io_uring_refused(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Why the native engine refuses io_engine="io_uring" here ("" where it accepts it)."""
+    from kvtier.tiering.fs.engine import io_uring_refusal
+
     return io_uring_refusal(tmp_path_factory.mktemp("io-uring-probe"))
 
 
 @pytest.fixture(params=IO_ENGINES)
-def io_engine(request: pytest.FixtureRequest, _io_uring_refusal: str) -> str:
+def io_engine(request: pytest.FixtureRequest, io_uring_refused: str) -> str:
     """Each I/O engine in turn; io_uring skips, with the engine's reason, where it is refused."""
-    if request.param == "io_uring" and _io_uring_refusal:
-        pytest.skip(f"io_uring refused here: {_io_uring_refusal}")
+    if request.param == "io_uring" and io_uring_refused:
+        pytest.skip(f"io_uring refused here: {io_uring_refused}")
     return request.param

@@ -394,7 +394,7 @@ def test_the_new_file_ceiling_really_creates_one_file_per_block(tmp_path: Path) 
 
 
 def test_compare_io_engines_runs_both_side_by_side(tmp_path: Path) -> None:
-    from kvtier.bench.workload import io_uring_refusal
+    from kvtier.tiering.fs.engine import io_uring_refusal
 
     root = tmp_path / "root"
     root.mkdir()
@@ -421,7 +421,7 @@ def test_compare_io_engines_runs_both_side_by_side(tmp_path: Path) -> None:
 
 
 def test_explicit_io_uring_that_is_refused_is_a_one_line_error(tmp_path: Path) -> None:
-    from kvtier.bench.workload import io_uring_refusal
+    from kvtier.tiering.fs.engine import io_uring_refusal
 
     refusal = io_uring_refusal(tmp_path / "probe")
     if not refusal:

@@ -506,10 +506,10 @@ def test_engine_reports_the_io_engine_it_runs(tmp_path: Path, engine_factory) ->
 
 
 def test_auto_io_engine_uses_io_uring_or_says_why_not(
-    tmp_path: Path, engine_factory, _io_uring_refusal: str
+    tmp_path: Path, engine_factory, io_uring_refused: str
 ) -> None:
     engine = engine_factory(tmp_path / "root", io_engine="auto")
-    if _io_uring_refusal:
+    if io_uring_refused:
         assert engine.io_engine == "psync"
         assert engine.io_engine_fallback_reason != ""
     else:

@@ -497,8 +497,8 @@ def test_transfer_reports_the_io_engine_it_runs(make_transfer, io_engine):
     assert (t.io_engine, t.io_engine_fallback_reason) == (io_engine, "")
 
 
-def test_transfer_refusing_io_uring_says_what_to_use(tmp_path, _io_uring_refusal):
-    if not _io_uring_refusal:
+def test_transfer_refusing_io_uring_says_what_to_use(tmp_path, io_uring_refused):
+    if not io_uring_refused:
         pytest.skip("io_uring works here (test_io_engine.py covers the refusal in a child)")
     with pytest.raises(OSError, match=r"GPUStorageTransfer: .*io_engine='auto'"):
         GPUStorageTransfer([torch.zeros(8, 16)], SPEC, str(tmp_path / "r"), io_engine="io_uring")

@@ -58,10 +58,10 @@ def test_the_tier_reports_the_engine_it_runs(tmp_path, io_engine):
         tier.shutdown()
 
 
-def test_auto_reports_io_uring_or_why_it_fell_back(tmp_path, _io_uring_refusal):
+def test_auto_reports_io_uring_or_why_it_fell_back(tmp_path, io_uring_refused):
     tier = make(tmp_path)
     try:
-        if _io_uring_refusal:
+        if io_uring_refused:
             assert (tier.io_engine, bool(tier.io_engine_fallback_reason)) == ("psync", True)
         else:
             assert (tier.io_engine, tier.io_engine_fallback_reason) == ("io_uring", "")
@@ -69,8 +69,8 @@ def test_auto_reports_io_uring_or_why_it_fell_back(tmp_path, _io_uring_refusal):
         tier.shutdown()
 
 
-def test_refused_io_uring_fails_construction_saying_what_to_use(tmp_path, _io_uring_refusal):
-    if not _io_uring_refusal:
+def test_refused_io_uring_fails_construction_saying_what_to_use(tmp_path, io_uring_refused):
+    if not io_uring_refused:
         pytest.skip("io_uring works here; the refusal is tested in a seccomp child below")
     with pytest.raises(OSError) as info:
         make(tmp_path, io_engine="io_uring")

@@ -34,9 +34,9 @@ def job(job_id: int, keys: list[bytes], slots: list[int], promotion: bool = Fals
 
 
 @pytest.fixture(params=TIER_TYPES)
-def tier_type(request, _io_uring_refusal) -> str:
-    if request.param == "fs-io_uring" and _io_uring_refusal:
-        pytest.skip(f"io_uring refused here: {_io_uring_refusal}")
+def tier_type(request, io_uring_refused) -> str:
+    if request.param == "fs-io_uring" and io_uring_refused:
+        pytest.skip(f"io_uring refused here: {io_uring_refused}")
     return request.param
 
 

@@ -28,9 +28,9 @@ from kvtier.bench.workload import (
     DriverFactory,
     PrimaryMemory,
     TierDriver,
-    io_uring_refusal,
     kvtier_factory,
 )
+from kvtier.tiering.fs.engine import io_uring_refusal
 
 THROUGHPUT = "store/load throughput"
 INTERFERENCE = "scheduler loop vs. streaming stores"

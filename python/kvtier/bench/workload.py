@@ -191,19 +191,6 @@ def remove_files(paths: Iterable[str]) -> None:
             pass
 
 
-def io_uring_refusal(directory: Path) -> str:
-    """Why kvtier's engine refuses io_engine="io_uring" in this process ("" if it accepts):
-    asked of a real engine on ``directory`` (created and left empty)."""
-    try:
-        engine = _core.Engine(
-            str(directory), n_read_threads=1, n_write_threads=0, io_engine="io_uring"
-        )
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    engine.shutdown()
-    return ""
-
-
 class KvtierDriver:
     """kvtier's `fs` tier, created through the public factory as an engine would."""
 

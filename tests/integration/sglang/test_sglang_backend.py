@@ -103,7 +103,7 @@ def test_io_engine_reaches_the_engine_and_is_reported(
 def test_refused_io_uring_fails_registration_saying_what_to_use(
     tmp_path: Path, make_backend: MakeBackend
 ) -> None:
-    from kvtier.bench.workload import io_uring_refusal
+    from kvtier.tiering.fs.engine import io_uring_refusal
 
     if not io_uring_refusal(tmp_path / "probe"):
         pytest.skip("io_uring works here (tests/python/test_io_engine.py refuses it in a child)")

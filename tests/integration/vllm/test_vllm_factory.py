@@ -129,7 +129,7 @@ def test_io_engine_reaches_kvtier_and_the_tier_says_which_runs(
 def test_refused_io_uring_fails_start_up_saying_what_to_use(
     tmp_path: Path, primary_view: memoryview
 ) -> None:
-    from kvtier.bench.workload import io_uring_refusal
+    from kvtier.tiering.fs.engine import io_uring_refusal
 
     if not io_uring_refusal(tmp_path / "probe"):
         pytest.skip("io_uring works here (tests/python/test_io_engine.py refuses it in a child)")

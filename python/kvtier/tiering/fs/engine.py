@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
@@ -73,3 +74,17 @@ def _opens_with_psync(mapper: FileMapper, kwargs: dict[str, Any]) -> bool:
         return False
     engine.shutdown()
     return True
+
+
+def io_uring_refusal(directory: str | os.PathLike[str]) -> str:
+    """Why the native engine refuses io_engine="io_uring" in this process ("" if it accepts):
+    the engine's own answer (the kernel's refusal, a seccomp profile, a build without io_uring),
+    asked of a real engine on ``directory``, which is created if missing and left empty."""
+    try:
+        engine = _core.Engine(
+            os.fspath(directory), n_read_threads=1, n_write_threads=0, io_engine="io_uring"
+        )
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    engine.shutdown()
+    return ""
