@@ -243,9 +243,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def _add_info(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     info = sub.add_parser(
         "info",
-        help="version, build options, CUDA and O_DIRECT support",
-        description="Print kvtier's version, build options, CUDA availability and whether "
-        "O_DIRECT works in DIR.",
+        help="version, build options, CUDA, O_DIRECT and io_uring support",
+        description="Print kvtier's version, build options, CUDA availability, whether "
+        "O_DIRECT works in DIR and whether io_uring works in this process.",
     )
     info.set_defaults(run=_info)
     info.add_argument(
@@ -378,6 +378,7 @@ def _info(args: argparse.Namespace) -> int:
             f"O_DIRECT in {directory.resolve()}",
             "supported" if probe == "" else f"not supported: {probe}",
         ),
+        ("io_uring (io_engine)", _io_uring_text()),
         ("fio (bench ceiling)", shutil.which("fio") or "not found"),
         ("matplotlib (bench --plot)", _found("matplotlib")),
         ("vllm (bench --peer vllm)", _found("vllm")),
@@ -388,6 +389,17 @@ def _info(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"{key.ljust(width)}  {value}")
     return 0
+
+
+def _io_uring_text() -> str:
+    """Whether io_engine "io_uring" (and so "auto"'s first choice) works in this process."""
+    import tempfile
+
+    from kvtier.tiering.fs.engine import io_uring_refusal
+
+    with tempfile.TemporaryDirectory(prefix="kvtier-info-") as scratch:
+        refusal = io_uring_refusal(scratch)
+    return "usable" if not refusal else f"not usable, 'auto' uses psync: {refusal}"
 
 
 def _crc32c_path(hardware: bool) -> str:

@@ -745,6 +745,12 @@ def test_info_reports_version_build_cuda_and_o_direct(tmp_path: Path) -> None:
     o_direct = [line for line in out.splitlines() if line.startswith("O_DIRECT in")]
     assert len(o_direct) == 1 and str(tmp_path.resolve()) in o_direct[0]
     assert ("not supported" in o_direct[0]) == bool(probe)
+    from kvtier.tiering.fs.engine import io_uring_refusal
+
+    refusal = io_uring_refusal(tmp_path / "probe")
+    uring = [line for line in out.splitlines() if line.startswith("io_uring (io_engine)")]
+    assert len(uring) == 1
+    assert uring[0].endswith(f"not usable, 'auto' uses psync: {refusal}" if refusal else "usable")
 
 
 def test_info_of_a_missing_directory_is_a_one_line_error(tmp_path: Path) -> None:
