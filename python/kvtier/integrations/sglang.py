@@ -302,8 +302,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
             mapper.rank_dir,
             pool_layout.description,
             engine.direct_io,
-            self.options.n_read_threads,
-            self.options.n_write_threads,
+            engine.n_read_threads,
+            engine.n_write_threads,
             "" if self.is_writer else ", reader only (MLA: another rank writes)",
         )
 

@@ -129,8 +129,8 @@ class FileSystemTierManager(SecondaryTierManager):
             tier_type,
             self.file_mapper.rank_dir,
             self._engine.direct_io,
-            opts.n_read_threads,
-            opts.n_write_threads,
+            self._engine.n_read_threads,
+            self._engine.n_write_threads,
         )
 
     # -- lookups ---------------------------------------------------------------------------
