@@ -294,9 +294,17 @@ struct Engine::Impl {
   // go back to that priority once it has run a store at worker_nice.
   bool load_first_takes_stores() const { return config.n_write_threads == 0; }
 
-  // Wakes enough idle workers for `blocks` new blocks of one direction; mutex held.
-  void wake_for(Direction direction, std::size_t blocks) {
-    if (direction == Direction::kLoad && idle_load_only > 0) {
+  // Wakes enough idle workers for the queued blocks of one direction; mutex held. The idle
+  // counts include workers notified but not yet running, so every block queued (not only
+  // the newest job's) is counted: a notify_one only reaches a still-blocked worker, and
+  // so at least min(queued, idle) workers are on their way.
+  void wake_for(Direction direction) {
+    if (direction == Direction::kStore) {
+      wake(work_available, idle_workers, queued_stores);
+      return;
+    }
+    std::size_t blocks = loads_waiting();
+    if (idle_load_only > 0) {
       wake(load_available, idle_load_only, blocks);
       if (blocks <= idle_load_only) return;
       blocks -= idle_load_only;
@@ -391,7 +399,7 @@ struct Engine::Impl {
     ready_loads.append(it->second.parked);
     parked_loads -= woken;
     pending_paths.erase(it);
-    if (woken > 0) wake_for(Direction::kLoad, woken);
+    if (woken > 0) wake_for(Direction::kLoad);
   }
 
   void worker_loop(bool load_first) {
@@ -665,7 +673,7 @@ void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> bloc
       return;
     }
     (direction == Direction::kLoad ? s.queued_loads : s.queued_stores) += n;
-    s.wake_for(direction, n);
+    s.wake_for(direction);
   }
 }
 
