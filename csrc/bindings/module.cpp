@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <unordered_map>
 
@@ -308,18 +309,19 @@ PYBIND11_MODULE(_core, m) {
           "block"_a, "(address, length, is_device) of each segment of a block.");
 
   py::class_<PyEngine>(m, "Engine", "Worker pool that stores and loads block files.")
-      .def(py::init([](const std::string& root_dir, unsigned n_read_threads,
-                       unsigned n_write_threads, const py::object& o_direct,
+      .def(py::init([](const std::string& root_dir, std::optional<unsigned> n_read_threads,
+                       std::optional<unsigned> n_write_threads, const py::object& o_direct,
                        const std::string& checksum, const std::string& durability,
                        unsigned file_mode, const py::bytes& fingerprint,
                        unsigned max_stores_in_flight_while_loading, std::size_t staging_bytes_total,
                        std::size_t staging_buffer_bytes, bool use_cuda, int cuda_device,
                        bool numa_bind, int worker_nice, bool completion_eventfd,
-                       const std::string& io_engine) {
+                       const std::string& io_engine, int load_nice, unsigned store_cap_linger_ms) {
              kvtier::EngineConfig c;
              c.root_dir = root_dir;
-             c.n_read_threads = n_read_threads;
-             c.n_write_threads = n_write_threads;
+             // None: sized by the machine (kvtier::machine_thread_counts of root_dir).
+             c.n_read_threads = n_read_threads.value_or(kvtier::kMachineThreads);
+             c.n_write_threads = n_write_threads.value_or(kvtier::kMachineThreads);
              c.o_direct = o_direct_from_python(o_direct);
              c.checksum = kvtier::parse_checksum(checksum);
              c.durability = kvtier::parse_durability(durability);
@@ -334,17 +336,21 @@ PYBIND11_MODULE(_core, m) {
              c.worker_nice = worker_nice;
              c.completion_eventfd = completion_eventfd;
              c.io_engine = kvtier::parse_io_engine(io_engine);
+             c.load_nice = load_nice;
+             c.store_cap_linger_ms = store_cap_linger_ms;
              py::gil_scoped_release release;  // the O_DIRECT probe does I/O
              return std::make_unique<PyEngine>(std::move(c));
            }),
-           "root_dir"_a = "", py::kw_only(), "n_read_threads"_a = 16, "n_write_threads"_a = 16,
+           "root_dir"_a = "", py::kw_only(), "n_read_threads"_a = py::none(),
+           "n_write_threads"_a = py::none(),
            "o_direct"_a = "auto", "checksum"_a = "crc32c", "durability"_a = "none",
            "file_mode"_a = 0600, "fingerprint"_a = py::bytes(),
            "max_stores_in_flight_while_loading"_a = 2,
            "staging_bytes_total"_a = std::size_t{64} << 20,
            "staging_buffer_bytes"_a = std::size_t{2} << 20, "use_cuda"_a = false,
            "cuda_device"_a = -1, "numa_bind"_a = false, "worker_nice"_a = 19,
-           "completion_eventfd"_a = false, "io_engine"_a = "auto")
+           "completion_eventfd"_a = false, "io_engine"_a = "auto", "load_nice"_a = 0,
+           "store_cap_linger_ms"_a = 100)
       .def("keep_alive", &PyEngine::keep_alive, "buffers"_a,
            "Holds `buffers` (objects owning memory that block addresses point into) until the "
            "workers have stopped, whenever and however the engine goes; call it before "
@@ -383,7 +389,13 @@ PYBIND11_MODULE(_core, m) {
                              "Why io_engine='auto' chose psync; empty when it did not.")
       .def_property_readonly("eventfd", &kvtier::Engine::completion_eventfd)
       .def_property_readonly("cuda_enabled", &kvtier::Engine::cuda_enabled)
-      .def_property_readonly("numa_node", &kvtier::Engine::numa_node);
+      .def_property_readonly("numa_node", &kvtier::Engine::numa_node)
+      .def_property_readonly(
+          "n_read_threads", [](const PyEngine& e) { return e.config().n_read_threads; },
+          "Load workers running (the machine-sized default resolved).")
+      .def_property_readonly(
+          "n_write_threads", [](const PyEngine& e) { return e.config().n_write_threads; },
+          "Store-first workers running (the machine-sized default resolved).");
 
   m.def("cuda_available", &kvtier::cuda_available,
         "Whether a CUDA runtime and a device are present (the runtime is loaded on first call).");
@@ -437,6 +449,15 @@ PYBIND11_MODULE(_core, m) {
       "file_mode"_a, "Mode of the directories the tier creates for files of file_mode.");
   m.attr("TMP_FILE_PATTERN") = std::string(kvtier::kTmpFilePattern);
   m.def("host_label", &kvtier::host_label, "The host part of tmp file names.");
+  m.def(
+      "machine_thread_counts",
+      [](const std::string& root_dir) {
+        const kvtier::ThreadCounts t = kvtier::machine_thread_counts(root_dir);
+        return std::make_tuple(t.n_read_threads, t.n_write_threads);
+      },
+      "root_dir"_a,
+      "(n_read_threads, n_write_threads) an Engine on root_dir gets by default: sized by the "
+      "CPUs this process may use and the request queue of root_dir's block device.");
   m.def("tmp_file_name", &kvtier::tmp_file_name, "final_name"_a,
         "A fresh tmp file name for final_name (same directory), unique on this host.");
   m.def(

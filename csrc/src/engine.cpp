@@ -132,8 +132,15 @@ struct Counters {
       corrupt_files_removed{0}, o_direct_fallbacks{0};
 };
 
-// Rejects configurations the engine cannot honour, before anything is allocated.
+// Rejects configurations the engine cannot honour, before anything is allocated. Thread
+// counts left at kMachineThreads are sized by the machine first.
 EngineConfig validated(EngineConfig config) {
+  if (config.n_read_threads == kMachineThreads || config.n_write_threads == kMachineThreads) {
+    const ThreadCounts machine = machine_thread_counts(config.root_dir);
+    if (config.n_read_threads == kMachineThreads) config.n_read_threads = machine.n_read_threads;
+    if (config.n_write_threads == kMachineThreads)
+      config.n_write_threads = machine.n_write_threads;
+  }
   const EngineConfig& c = config;
   if (c.n_read_threads + c.n_write_threads == 0)
     throw std::invalid_argument("n_read_threads + n_write_threads must be at least 1");
@@ -148,6 +155,8 @@ EngineConfig validated(EngineConfig config) {
     throw std::invalid_argument("staging_bytes_total must hold at least one staging buffer");
   if (c.worker_nice < 0 || c.worker_nice > 19)
     throw std::invalid_argument("worker_nice must be in [0, 19]");
+  if (c.load_nice < 0 || c.load_nice > 19)
+    throw std::invalid_argument("load_nice must be in [0, 19]");
   if (c.max_stores_in_flight_while_loading == 0)
     throw std::invalid_argument("max_stores_in_flight_while_loading must be at least 1");
   if ((c.file_mode & ~mode_t{07777}) != 0)
@@ -224,7 +233,11 @@ struct Engine::Impl {
   // job, so queueing a job is a single push_back that either happens or throws); workers
   // take a queued job's blocks in order through Job::next_block.
   std::mutex mutex;
-  std::condition_variable work_available;
+  // Load-only workers wait on load_available, the others (which take stores) on
+  // work_available, so that a submit wakes only workers that may take its work; the idle
+  // counts say how many wait on each, so a small job wakes as many workers as it has blocks.
+  std::condition_variable work_available, load_available;
+  std::size_t idle_workers = 0, idle_load_only = 0;
   std::deque<Job*> loads, stores;
   // Blocks not yet taken from the queues; loads parked (on a path) and ready again (their
   // stores finished: they run before anything in `loads`).
@@ -236,6 +249,10 @@ struct Engine::Impl {
   std::unordered_map<std::string, PendingPath> pending_paths;
   std::size_t running_loads = 0, running_stores = 0;
   unsigned store_cap_while_loading = 0;     // max_stores_in_flight_while_loading, adjusted
+  // Until then the store cap holds although no load waits or runs (store_cap_linger_ms after
+  // the last load finished): an engine issuing one load at a time gets each next load in
+  // front of a short device queue, not behind every worker's store.
+  Clock::time_point loads_recent_until{};
   std::unordered_set<JobId> ids_in_flight;  // submitted and not yet popped
   bool stopping = false;
   // drain(): jobs not yet completed, oldest first, and the seq of the latest submitted job.
@@ -261,12 +278,45 @@ struct Engine::Impl {
 
   std::size_t loads_waiting() const { return queued_loads + ready_loads.size; }
 
-  // A store may start unless loads are waiting or running and the cap is reached; this keeps
-  // the device queue short so a load waits for at most the stores already issued. Parked
-  // loads do not count: they wait for stores, which must be free to run.
+  // A store may start unless loads are waiting or running (or finished recently) and the
+  // cap is reached; this keeps the device queue short so a load waits for at most the stores
+  // already issued. Parked loads do not count: they wait for stores, which must be free to
+  // run. After the last load the cap is at least 1, so stores never stall while none waits.
   bool store_allowed() const {
-    if (loads_waiting() == 0 && running_loads == 0) return true;
-    return running_stores < store_cap_while_loading;
+    if (loads_waiting() > 0 || running_loads > 0) return running_stores < store_cap_while_loading;
+    if (running_stores == 0 || loads_recent_until == Clock::time_point{}) return true;
+    return running_stores < std::max(1u, store_cap_while_loading) ||
+           Clock::now() >= loads_recent_until;
+  }
+
+  // Whether a load-first worker also takes stores: only when no store-first worker exists.
+  // Load-first workers run at load_nice, above the stores, and (unprivileged) a thread cannot
+  // go back to that priority once it has run a store at worker_nice.
+  bool load_first_takes_stores() const { return config.n_write_threads == 0; }
+
+  // Wakes enough idle workers for the queued blocks of one direction; mutex held. The idle
+  // counts include workers notified but not yet running, so every block queued (not only
+  // the newest job's) is counted: a notify_one only reaches a still-blocked worker, and
+  // so at least min(queued, idle) workers are on their way.
+  void wake_for(Direction direction) {
+    if (direction == Direction::kStore) {
+      wake(work_available, idle_workers, queued_stores);
+      return;
+    }
+    std::size_t blocks = loads_waiting();
+    if (idle_load_only > 0) {
+      wake(load_available, idle_load_only, blocks);
+      if (blocks <= idle_load_only) return;
+      blocks -= idle_load_only;
+    }
+    wake(work_available, idle_workers, blocks);
+  }
+  static void wake(std::condition_variable& cv, std::size_t idle, std::size_t blocks) {
+    if (blocks >= idle) {
+      cv.notify_all();
+      return;
+    }
+    for (std::size_t i = 0; i < blocks; ++i) cv.notify_one();
   }
 
   // Parks the loads at the front of the load queue whose path has a pending store, so that
@@ -318,7 +368,7 @@ struct Engine::Impl {
       is_load = load_first;
       return true;
     }
-    if (load_first ? take_store(task) : take_load(task)) {
+    if (load_first ? load_first_takes_stores() && take_store(task) : take_load(task)) {
       is_load = !load_first;
       return true;
     }
@@ -349,14 +399,15 @@ struct Engine::Impl {
     ready_loads.append(it->second.parked);
     parked_loads -= woken;
     pending_paths.erase(it);
-    if (woken > 0) work_available.notify_all();
+    if (woken > 0) wake_for(Direction::kLoad);
   }
 
   void worker_loop(bool load_first) {
-    // Linux applies nice per thread (a tid is a process id to setpriority). Best effort: a
-    // refusal only costs the scheduler loop some CPU.
-    if (config.worker_nice > 0)
-      ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), config.worker_nice);
+    // Linux applies nice per thread (a tid is a process id to setpriority). Raising it needs
+    // no privilege; it is best effort anyway: a refusal only costs the scheduler loop some CPU.
+    const bool load_only = load_first && !load_first_takes_stores();
+    const int nice = load_only ? config.load_nice : config.worker_nice;
+    if (nice > 0) ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), nice);
     if (!numa_cpus.empty()) {
       cpu_set_t set;
       CPU_ZERO(&set);
@@ -371,7 +422,20 @@ struct Engine::Impl {
       bool is_load = false;
       while (!pick(load_first, task, is_load)) {
         if (stopping) return;
-        work_available.wait(lock);
+        std::size_t& idle = load_only ? idle_load_only : idle_workers;
+        ++idle;
+        if (load_only) {
+          load_available.wait(lock);
+        } else if (!stores.empty() && loads_recent_until > Clock::now()) {
+          // Capped by the linger alone: nobody else sees it end, so whoever wakes at its end
+          // lifts the cap for every waiting worker.
+          if (work_available.wait_until(lock, loads_recent_until) == std::cv_status::timeout &&
+              Clock::now() >= loads_recent_until)
+            work_available.notify_all();
+        } else {
+          work_available.wait(lock);
+        }
+        --idle;
       }
       (is_load ? running_loads : running_stores)++;
       lock.unlock();
@@ -380,9 +444,15 @@ struct Engine::Impl {
                                            : detail::store_block(io, worker, op, task.job->ready);
       lock.lock();
       (is_load ? running_loads : running_stores)--;
-      // A finished load can lift the store cap; a finished store can let a capped store run.
-      if (is_load ? (loads_waiting() == 0 && running_loads == 0) : !stores.empty())
-        work_available.notify_all();
+      if (is_load && config.store_cap_linger_ms > 0)
+        loads_recent_until = Clock::now() + std::chrono::milliseconds(config.store_cap_linger_ms);
+      // The last load ends the cap, or starts its linger: then one waiting worker is woken
+      // to wait for the linger's end (and to run a store if the cap was 0). A finished store
+      // frees one slot, which this worker takes itself unless a load comes first.
+      if (is_load && loads_waiting() == 0 && running_loads == 0 && !stores.empty())
+        wake(work_available, idle_workers, config.store_cap_linger_ms > 0 ? 1 : queued_stores);
+      else if (!is_load && !stores.empty())
+        work_available.notify_one();
       finish_block(task, std::move(result));
     }
   }
@@ -603,8 +673,8 @@ void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> bloc
       return;
     }
     (direction == Direction::kLoad ? s.queued_loads : s.queued_stores) += n;
+    s.wake_for(direction);
   }
-  s.work_available.notify_all();
 }
 
 namespace {
@@ -709,6 +779,7 @@ void Engine::shutdown() {
     while (!s.stores.empty()) cancel(Impl::take_front(s.stores, s.queued_stores));
   }
   s.work_available.notify_all();
+  s.load_available.notify_all();
   for (std::thread& t : s.workers)
     if (t.joinable()) t.join();
   s.workers.clear();

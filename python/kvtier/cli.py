@@ -153,14 +153,14 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench.add_argument(
         "--read-threads",
         type=_thread_count,
-        default=16,
-        help="tier threads that take loads first (default: 16)",
+        default=None,
+        help="tier threads that take only loads (default: the tier's, sized by the machine)",
     )
     bench.add_argument(
         "--write-threads",
         type=_thread_count,
-        default=16,
-        help="tier threads that take stores first (default: 16)",
+        default=None,
+        help="tier threads that take stores first (default: the tier's, sized by the machine)",
     )
     bench.add_argument(
         "--blocks-per-job",
@@ -269,6 +269,7 @@ def _check_output_path(path: Path, option: str) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from kvtier import _core
     from kvtier.bench.config import DEFAULT_SIZES, BenchConfig
     from kvtier.bench.errors import BenchError
     from kvtier.bench.plot import check_matplotlib, plot
@@ -278,13 +279,16 @@ def _bench(args: argparse.Namespace) -> int:
     # A polite kill (SIGTERM) cleans up like Ctrl-C does: SystemExit unwinds through the
     # `finally` blocks that shut the tiers down and remove the scratch directory.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # The counts the fs tier would choose on this root, resolved here so that fio and the
+    # peers run with the same numbers.
+    machine = _core.machine_thread_counts(str(args.root or "."))
     config = BenchConfig(
         root=args.root,
         create_root=args.create_root,
         block_sizes=args.sizes or DEFAULT_SIZES,
         total_bytes=args.total,
-        read_threads=args.read_threads,
-        write_threads=args.write_threads,
+        read_threads=machine[0] if args.read_threads is None else args.read_threads,
+        write_threads=machine[1] if args.write_threads is None else args.write_threads,
         blocks_per_job=args.blocks_per_job,
         repeat=args.repeat,
         latency_samples=args.latency_samples,

@@ -140,6 +140,14 @@ class Gate {
     arm(length);
     return block(path_, "gate", region_, length);
   }
+  /// A store op whose source is the gated memory: the worker parks in the store's first read
+  /// of the payload, and once released stores zeros. No file is left at path() (a store of
+  /// an existing file is a dedup that reads nothing).
+  kvtier::BlockOp store_op(std::size_t length) {
+    arm(length);
+    ::unlink(path_.c_str());
+    return block(path_, "gate", region_, length);
+  }
   /// Lets the parked load (and any later one) through. Idempotent.
   void release() {
     if (uffd_ < 0 || released_) return;

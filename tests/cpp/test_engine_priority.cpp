@@ -230,3 +230,134 @@ KV_TEST(load_overtakes_store_backlog_0r_2w_cap1) {
 KV_TEST(load_overtakes_store_backlog_0r_1w_cap2) {
   load_overtakes_store_backlog(0, 1, 2);
 }
+
+namespace {
+
+constexpr kvtier::JobId kHeldIdBase = 500000;  // stores held on a gate (they succeed)
+
+// Holds `n` workers inside stores: each store's source is gated memory, so the worker parks in
+// the store's first read of the payload until the gate opens (the store then writes zeros).
+void hold_stores(Fixture& f, Engine& engine, int n) {
+  const std::size_t first = f.gates.size();
+  for (int i = 0; i < n; ++i) {
+    f.gates.push_back(std::make_unique<Gate>(f.dir / ("held" + std::to_string(first + i))));
+    engine.submit(kHeldIdBase + first + i, Direction::kStore,
+                  {f.gates.back()->store_op(kBlock)});
+  }
+}
+
+void wait_running_stores(Engine& engine, std::uint64_t n) {
+  kvtest::wait_until([&] { return engine.stats().running_stores == n; },
+                     "the expected number of stores running");
+}
+
+Completion pop_one(Engine& engine) {
+  std::vector<Completion> out;
+  kvtest::pop_exactly(engine, 1, out);
+  return std::move(out[0]);
+}
+
+}  // namespace
+
+KV_TEST(load_runs_while_stores_hold_every_store_worker) {
+  // Every store-first worker is inside a store that cannot finish, and more stores are
+  // queued: the load-first worker does not take them, so a load submitted now runs at once.
+  Fixture f;
+  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 1, 2);
+  f.prepare_load_files(config, 1);
+  Engine& engine = f.start(config);
+  hold_stores(f, engine, 2);
+  wait_running_stores(engine, 2);
+  hold_stores(f, engine, 1);  // a load-first worker taking this one would never come back
+  f.submit_stores(engine, 5);
+  f.submit_load(engine, 0);
+  const Completion load = pop_one(engine);
+  CHECK_MSG(load.job_id == kLoadIdBase && load.success, kvtest::describe(load));
+  CHECK(f.load_buffers[0] == f.payload);
+  const auto st = engine.stats();
+  CHECK_EQ(st.running_stores, std::uint64_t{2});
+  CHECK_EQ(st.queued_stores, std::uint64_t{6});
+  f.release_all();
+  std::vector<Completion> rest;
+  kvtest::pop_exactly(engine, 3 + 5, rest);
+  for (const auto& c : rest) CHECK_MSG(c.success, kvtest::describe(c));
+}
+
+KV_TEST(load_starts_before_queued_stores_when_a_store_worker_frees) {
+  // No load-first worker: both store-first workers hold a store, a backlog and then a load
+  // are queued. The first worker let go takes the load (the cap of 1 is held by the other
+  // store), and no queued store completes before it.
+  Fixture f;
+  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 0, 2);
+  config.max_stores_in_flight_while_loading = 1;
+  f.prepare_load_files(config, 1);
+  Engine& engine = f.start(config);
+  hold_stores(f, engine, 2);
+  wait_running_stores(engine, 2);
+  f.submit_stores(engine, 5);
+  f.submit_load(engine, 0);
+  f.gates[0]->release();
+  const Completion held = pop_one(engine);
+  CHECK_MSG(held.job_id == kHeldIdBase && held.success, kvtest::describe(held));
+  const Completion load = pop_one(engine);
+  CHECK_MSG(load.job_id == kLoadIdBase && load.success, kvtest::describe(load));
+  CHECK_EQ(engine.stats().queued_stores, std::uint64_t{5});
+  f.release_all();
+  std::vector<Completion> rest;
+  kvtest::pop_exactly(engine, 1 + 5, rest);
+  for (const auto& c : rest) CHECK_MSG(c.success, kvtest::describe(c));
+}
+
+KV_TEST(store_cap_outlasts_the_last_load_by_the_linger) {
+  // An engine that loads one job at a time: after a load has finished, stores submitted
+  // within store_cap_linger_ms still run at most max_stores_in_flight_while_loading at once,
+  // so the next load finds a short queue. (The linger here outlasts the test.)
+  Fixture f;
+  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 1, 3);
+  config.max_stores_in_flight_while_loading = 1;
+  config.store_cap_linger_ms = 3600 * 1000;
+  f.prepare_load_files(config, 2);
+  Engine& engine = f.start(config);
+  f.submit_load(engine, 0);
+  CHECK(pop_one(engine).success);
+  hold_stores(f, engine, 3);
+  wait_running_stores(engine, 1);
+  f.submit_load(engine, 1);  // goes round the load-first worker while the stores sit
+  CHECK(pop_one(engine).success);
+  const auto st = engine.stats();
+  CHECK_EQ(st.running_stores, std::uint64_t{1});
+  CHECK_EQ(st.queued_stores, std::uint64_t{2});
+  f.release_all();  // the cap still holds: the stores run one after another
+  std::vector<Completion> rest;
+  kvtest::pop_exactly(engine, 3, rest);
+  for (const auto& c : rest) CHECK_MSG(c.success, kvtest::describe(c));
+}
+
+namespace {
+
+// After the last load, the cap lasts `linger_ms`; then every store-first worker takes a store.
+void stores_uncapped_after_linger(unsigned linger_ms) {
+  Fixture f;
+  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 1, 3);
+  config.max_stores_in_flight_while_loading = 1;
+  config.store_cap_linger_ms = linger_ms;
+  f.prepare_load_files(config, 1);
+  Engine& engine = f.start(config);
+  f.submit_load(engine, 0);
+  CHECK(pop_one(engine).success);
+  hold_stores(f, engine, 3);
+  wait_running_stores(engine, 3);  // the linger's end wakes the workers it held back
+  f.release_all();
+  std::vector<Completion> rest;
+  kvtest::pop_exactly(engine, 3, rest);
+  for (const auto& c : rest) CHECK_MSG(c.success, kvtest::describe(c));
+}
+
+}  // namespace
+
+KV_TEST(stores_uncapped_after_the_linger_ends) {
+  stores_uncapped_after_linger(50);
+}
+KV_TEST(stores_uncapped_at_once_without_linger) {
+  stores_uncapped_after_linger(0);
+}

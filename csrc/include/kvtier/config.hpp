@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include <kvtier/thread_defaults.hpp>
+
 namespace kvtier {
 
 /// Whether block files are opened with O_DIRECT.
@@ -37,10 +39,11 @@ struct EngineConfig {
   /// if missing, probed for O_DIRECT, and block paths are resolved from it without following
   /// any symbolic link below it.
   std::string root_dir;
-  /// Workers that take loads first (and stores when no load waits).
-  unsigned n_read_threads = 16;
-  /// Workers that take stores first (and loads when no store waits).
-  unsigned n_write_threads = 16;
+  /// Workers that take loads (and stores only when n_write_threads is 0). kMachineThreads:
+  /// machine_thread_counts(root_dir) at construction (Engine::config() shows the count).
+  unsigned n_read_threads = kMachineThreads;
+  /// Workers that take stores first (and loads when no store waits). kMachineThreads as above.
+  unsigned n_write_threads = kMachineThreads;
   ODirectMode o_direct = ODirectMode::kAuto;
   Checksum checksum = Checksum::kCrc32c;
   IoEngine io_engine = IoEngine::kAuto;
@@ -51,9 +54,13 @@ struct EngineConfig {
   /// Identifies the layout the bytes were written for; a load of a file written with a
   /// different fingerprint fails. At most kFingerprintSize bytes.
   std::string fingerprint;
-  /// While loads are queued or running, at most this many store operations run at once,
-  /// so a load waits only for the few writes already at the device.
+  /// While loads are queued or running, and for store_cap_linger_ms after the last load
+  /// finished, at most this many store operations run at once, so a load waits only for the
+  /// few writes already at the device, also when an engine issues one small load at a time.
   unsigned max_stores_in_flight_while_loading = 2;
+  /// How long the store cap outlasts the last load (0: only while loads wait or run). An
+  /// engine that loads one job per step submits the next within a step or two.
+  unsigned store_cap_linger_ms = 100;
   /// Upper bound on the page-aligned staging buffers (allocated on first use) that carry
   /// payloads in unaligned host memory under O_DIRECT, and device memory.
   std::size_t staging_bytes_total = std::size_t{64} << 20;
@@ -68,6 +75,11 @@ struct EngineConfig {
   /// value keeps them from taking CPU away from the engine's scheduler loop on busy hosts, and
   /// costs nothing while cores are idle.
   int worker_nice = 19;
+  /// Nice value (0 to 19) of the load-only workers (n_read_threads, when n_write_threads > 0).
+  /// A load is what a request waits for, so by default it runs at the caller's priority,
+  /// above the stores; an unprivileged thread cannot lower its nice value again, so workers
+  /// keep one priority for life and the load-only ones never run stores.
+  int load_nice = 0;
   /// Pin worker threads to the CPUs of the GPU's NUMA node, where the system exposes it.
   bool numa_bind = false;
   /// Create an eventfd that is signalled whenever a completion is published.

@@ -8,3 +8,4 @@
 #include <kvtier/files.hpp>
 #include <kvtier/format.hpp>
 #include <kvtier/job.hpp>
+#include <kvtier/thread_defaults.hpp>

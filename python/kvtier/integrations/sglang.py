@@ -10,11 +10,12 @@ SGLang (0.5.23) loads a storage backend it does not ship through its ``dynamic``
 SGLang constructs the class as ``KvtierHiCacheStorage(storage_config, kwargs)`` and then calls
 ``register_mem_pool_host(host_pool)``. Every key of the extra config other than SGLang's own
 (``backend_name``, ``module_path``, ``class_name``, ``interface_v1``) is an option of kvtier's
-``fs`` tier (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``, ``durability``,
-``file_mode``, ``worker_nice``, ``io_engine`` and whatever FsTierOptions gains), validated with the
-fs tier's errors. ``interface_v1`` makes SGLang use the zero-copy calls (``batch_get_v1`` /
-``batch_set_v1``); without it SGLang uses the generic ones (``batch_get`` / ``batch_set`` with one
-flat tensor per page). Both write the same files. See docs/sglang.md.
+``fs`` tier (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
+``durability``, ``file_mode``, ``worker_nice``, ``load_nice``, ``io_engine`` and whatever
+FsTierOptions gains), validated with the fs tier's errors. ``interface_v1`` makes SGLang use the
+zero-copy calls (``batch_get_v1`` / ``batch_set_v1``); without it SGLang uses the generic ones
+(``batch_get`` / ``batch_set`` with one flat tensor per page). Both write the same files. See
+docs/sglang.md.
 
 One SGLang page is one kvtier block file (checksummed, in the fs tier's layout, so the fs
 tier's tooling works on it). The zero-copy path describes the host pool once as a
@@ -304,8 +305,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
             pool_layout.description,
             engine.direct_io,
             engine.io_engine,
-            self.options.n_read_threads,
-            self.options.n_write_threads,
+            engine.n_read_threads,
+            engine.n_write_threads,
             "" if self.is_writer else ", reader only (MLA: another rank writes)",
         )
 

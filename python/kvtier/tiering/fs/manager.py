@@ -131,8 +131,8 @@ class FileSystemTierManager(SecondaryTierManager):
             self.file_mapper.rank_dir,
             self._engine.direct_io,
             self._engine.io_engine,
-            opts.n_read_threads,
-            opts.n_write_threads,
+            self._engine.n_read_threads,
+            self._engine.n_write_threads,
         )
 
     # -- lookups ---------------------------------------------------------------------------

@@ -27,8 +27,9 @@ class StorageOptions:
     """The storage options every user of the native engine shares (fs tier, GPU transfers)."""
 
     root_dir: str
-    n_read_threads: int = 16
-    n_write_threads: int = 16
+    # None: sized by the machine (cores, root's device queue; docs/tiers.md).
+    n_read_threads: int | None = None
+    n_write_threads: int | None = None
     o_direct: Literal["auto"] | bool = "auto"
     checksum: Literal["crc32c", "none"] = "crc32c"
     durability: Literal["none", "data", "full"] = "none"
@@ -37,6 +38,8 @@ class StorageOptions:
     worker_nice: int = 19
     # "auto": io_uring where the kernel allows it, else psync (pread/pwrite), with one warning.
     io_engine: Literal["auto", "io_uring", "psync"] = "auto"
+    # Nice value of the load-only workers: loads (what a request waits for) above stores.
+    load_nice: int = 0
     # Capacity of the whole root (docs/tiers.md, "Capacity"); kvtier's, not the engine's.
     max_bytes: int | None = None
     min_free_fraction: float = 0.05
@@ -67,6 +70,7 @@ class StorageOptions:
             "file_mode": p.file_mode(get("file_mode")),
             "worker_nice": p.integer("worker_nice", get("worker_nice"), 0, 19),
             "io_engine": p.choice("io_engine", get("io_engine"), IO_ENGINES),
+            "load_nice": p.integer("load_nice", get("load_nice"), 0, 19),
             "max_bytes": p.size("max_bytes", get("max_bytes")),
             "min_free_fraction": p.fraction(
                 "min_free_fraction", get("min_free_fraction"), MAX_MIN_FREE_FRACTION
@@ -127,10 +131,13 @@ class OptionParser:
                 f"Unknown {noun} {names} for {self.owner}. Valid options: {self.valid_names}"
             )
 
-    def thread_counts(self, n_read: Any, n_write: Any) -> tuple[int, int]:
-        n_read = self.integer("n_read_threads", n_read, 0, MAX_THREADS)
-        n_write = self.integer("n_write_threads", n_write, 0, MAX_THREADS)
-        if n_read + n_write == 0:
+    def thread_counts(self, n_read: Any, n_write: Any) -> tuple[int | None, int | None]:
+        """Validated counts; None (the default) leaves a count to the engine's machine sizing."""
+        if n_read is not None:
+            n_read = self.integer("n_read_threads", n_read, 0, MAX_THREADS)
+        if n_write is not None:
+            n_write = self.integer("n_write_threads", n_write, 0, MAX_THREADS)
+        if n_read == 0 and n_write == 0:
             raise ValueError(f"{self.owner}: n_read_threads + n_write_threads must be at least 1")
         return n_read, n_write
 

@@ -1,0 +1,167 @@
+"""The native workers: how many there are by default, and their CPU priorities (loads above
+stores), also for a process that may not lower a nice value (non-root)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kvtier import _core
+from kvtier.tiering.factory import SecondaryTierFactory
+from kvtier.tiering.spec import OffloadingSpec
+
+SPEC = OffloadingSpec(model_name="org/model-7b", dtype="float16", kv_layout="NHD")
+
+
+def _tier_threads(root: Path, caplog: pytest.LogCaptureFixture, **options) -> tuple[int, int]:
+    """The (read, write) worker counts an fs tier on ``root`` reports when it starts."""
+    array = np.zeros((4, 4096), dtype=np.uint8)
+    config = {"type": "fs", "root_dir": str(root), **options}
+    with caplog.at_level(logging.INFO, logger="kvtier.tiering.fs.manager"):
+        caplog.clear()
+        tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(array), SPEC)
+        tier.shutdown()
+    lines = [r.getMessage() for r in caplog.records if "write threads" in r.getMessage()]
+    assert len(lines) == 1, caplog.text
+    words = lines[0].split(" read + ")
+    return int(words[0].rsplit(" ", 1)[1]), int(words[1].split(" ", 1)[0])
+
+
+def test_fs_tier_default_thread_counts_are_sized_by_the_machine(tmp_path, caplog):
+    root = tmp_path / "root"
+    want = _core.machine_thread_counts(str(root))
+    assert _tier_threads(root, caplog) == want
+    cores = len(os.sched_getaffinity(0))
+    # At least a worker per core per direction, within the engine's bounds.
+    assert all(min(max(cores, 2), 32) <= n <= 32 for n in want)
+
+
+def test_explicit_thread_counts_win(tmp_path, caplog):
+    assert _tier_threads(tmp_path / "a", caplog, n_read_threads=3, n_write_threads=1) == (3, 1)
+    cores = len(os.sched_getaffinity(0))
+    _, default_write = _core.machine_thread_counts(str(tmp_path))
+    read, write = _tier_threads(tmp_path / "b", caplog, n_read_threads=0)
+    assert (read, write) == (0, default_write) and default_write >= min(cores, 32)
+
+
+@pytest.mark.parametrize("options", [{"n_read_threads": 0, "n_write_threads": 0}])
+def test_thread_count_validation_is_unchanged(tmp_path, options):
+    array = np.zeros((4, 4096), dtype=np.uint8)
+    config = {"type": "fs", "root_dir": str(tmp_path), **options}
+    with pytest.raises(ValueError, match="n_read_threads \\+ n_write_threads must be at least 1"):
+        SecondaryTierFactory.create_secondary_tier(config, memoryview(array), SPEC)
+
+
+@pytest.fixture
+def tmpfs_root(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)])
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield mount
+    # Lazy: a dropped tier's engine may still hold the root open until it is collected.
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_tmpfs_has_no_device_queue_so_one_worker_per_core(tmpfs_root, caplog):
+    per_direction = min(max(len(os.sched_getaffinity(0)), 2), 32)
+    assert _tier_threads(tmpfs_root / "root", caplog) == (per_direction, per_direction)
+
+
+# Runs in a fresh process (so that the only kvtier threads are this engine's): stores and
+# loads one block, then prints each kvtier worker thread's name and nice value.
+_PRIORITY_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, json, os, sys
+    from kvtier import _core
+
+    root, kwargs = sys.argv[1], json.loads(sys.argv[2])
+    engine = _core.Engine(root, fingerprint=b"f", **kwargs)
+    data = ctypes.create_string_buffer(bytes(range(256)) * 32)
+    back = ctypes.create_string_buffer(len(data))
+    engine.submit_store(1, [(root + "/b", b"k", ctypes.addressof(data), len(data))])
+    engine.drain()
+    engine.submit_load(2, [(root + "/b", b"k", ctypes.addressof(back), len(back))])
+    engine.drain()
+    ok = all(c.success for c in engine.pop_completions()) and back.raw == data.raw
+    threads = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            name = f.read().strip()
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            nice = int(f.read().rsplit(")", 1)[1].split()[16])
+        if name.startswith("kvtier-"):
+            threads.append([name, nice])
+    engine.shutdown()
+    print(json.dumps({"ok": ok, "threads": threads, "uid": os.getuid()}))
+    """
+)
+
+
+def _worker_nices(root: Path, prefix: list[str], **kwargs) -> dict[str, set[int]]:
+    proc = subprocess.run(
+        [*prefix, sys.executable, "-c", _PRIORITY_SCRIPT, str(root), json.dumps(kwargs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["ok"], "the store or load failed"
+    if any(part.endswith("setpriv") for part in prefix):
+        assert out["uid"] != 0, "setpriv did not drop root"
+    nices: dict[str, set[int]] = {}
+    for name, nice in out["threads"]:
+        nices.setdefault(name, set()).add(nice)
+    return nices
+
+
+def test_load_workers_run_above_store_workers(tmp_path):
+    nices = _worker_nices(tmp_path, [], n_read_threads=2, n_write_threads=3, load_nice=5)
+    assert nices == {"kvtier-load": {5}, "kvtier-store": {19}}
+    # Without store-first workers the load-first ones take stores too, at the store priority.
+    assert _worker_nices(tmp_path, [], n_read_threads=2, n_write_threads=0) == {"kvtier-load": {19}}
+
+
+@pytest.fixture
+def unprivileged() -> list[str]:
+    """A command prefix that runs as user nobody (a process that may not lower nice)."""
+    if os.geteuid() != 0:
+        return []  # already unprivileged
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) not found: cannot drop to an unprivileged user")
+    return [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all"]
+
+
+def test_priorities_work_unprivileged(unprivileged):
+    # The default load_nice (0) never asks to lower a priority, and raising one needs no
+    # privilege: an unprivileged process gets the same split, and under `nice -n 10` (which
+    # it cannot undo) the load workers keep the inherited 10, still above the stores.
+    root = Path(tempfile.mkdtemp(prefix="kvtier-nice-"))
+    try:
+        root.chmod(0o777)
+        assert _worker_nices(root / "a", unprivileged, n_read_threads=2, n_write_threads=2) == {
+            "kvtier-load": {0},
+            "kvtier-store": {19},
+        }
+        niced = [shutil.which("nice") or "nice", "-n", "10", *unprivileged]
+        assert _worker_nices(root / "b", niced, n_read_threads=2, n_write_threads=2) == {
+            "kvtier-load": {10},
+            "kvtier-store": {19},
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
