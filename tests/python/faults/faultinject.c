@@ -10,7 +10,8 @@
  *                       covers mkdir/mkdirat, open_direct only opens with O_DIRECT and, like
  *                       ramfs or a FUSE client, creates the file before failing an O_CREAT
  *                       open, openat2 fails the raw openat2 system call (made through
- *                       syscall()), slow_pwrite sleeps KVTIER_FAULT_DELAY_MS before each
+ *                       syscall()); open and open_direct also fail openat2 of a file,
+ *                       slow_pwrite sleeps KVTIER_FAULT_DELAY_MS before each
  *                       matching write and then lets it through)
  *   KVTIER_FAULT_MATCH  substring of the path (for descriptor calls: the path the descriptor
  *                       refers to; for *at calls: the directory's path joined with the
@@ -32,6 +33,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -343,13 +345,18 @@ long syscall(long number, ...) {
   for (int i = 0; i < 6; ++i) a[i] = va_arg(ap, long);
   va_end(ap);
 #ifdef SYS_openat2
-  if (number == SYS_openat2 && fault_is("openat2")) {
+  if (number == SYS_openat2) {
     char full[8192];
     const char* path = at_path((int)a[0], (const char*)a[1], full, sizeof(full));
-    if (path_matches(path) && claim("openat2", path)) {
+    const struct open_how* how = (const struct open_how*)a[2];
+    if (fault_is("openat2") && path_matches(path) && claim("openat2", path)) {
       errno = fault_errno();
       return -1;
     }
+    /* A file opened in one openat2 meets the open faults as an openat would. */
+    if (!(how->flags & O_DIRECTORY) &&
+        open_fault((int)a[0], path, (int)how->flags, (mode_t)how->mode))
+      return -1;
   }
 #endif
   return REAL(syscall)(number, a[0], a[1], a[2], a[3], a[4], a[5]);
