@@ -12,7 +12,9 @@
  *                       open, openat2 fails the raw openat2 system call (made through
  *                       syscall()); open and open_direct also fail openat2 of a file,
  *                       slow_pwrite sleeps KVTIER_FAULT_DELAY_MS before each
- *                       matching write and then lets it through)
+ *                       matching write and then lets it through, unlink_created lets an
+ *                       O_CREAT openat succeed and then removes the new name, as a sweep in
+ *                       another PID namespace may before the writer locks its tmp file)
  *   KVTIER_FAULT_MATCH  substring of the path (for descriptor calls: the path the descriptor
  *                       refers to; for *at calls: the directory's path joined with the
  *                       name); empty or unset matches every path
@@ -149,14 +151,24 @@ int open64(const char* path, int flags, ...) {
   return ((real_open_t)dlsym(RTLD_NEXT, "open64"))(path, flags, mode);
 }
 
+/* After a successful create: "unlink_created" removes the name it just made. */
+static int after_create(int fd, int dirfd, const char* path, const char* full, int flags) {
+  if (fd >= 0 && (flags & O_CREAT) && fault_is("unlink_created") && path_matches(full) &&
+      claim("unlink_created", full))
+    unlinkat(dirfd, path, 0);
+  return fd;
+}
+
 int openat(int dirfd, const char* path, int flags, ...) {
   va_list ap;
   va_start(ap, flags);
   mode_t mode = mode_arg(flags, ap);
   va_end(ap);
   char full[8192];
-  if (open_fault(dirfd, at_path(dirfd, path, full, sizeof(full)), flags, mode)) return -1;
-  return ((real_openat_t)dlsym(RTLD_NEXT, "openat"))(dirfd, path, flags, mode);
+  const char* named = at_path(dirfd, path, full, sizeof(full));
+  if (open_fault(dirfd, named, flags, mode)) return -1;
+  int fd = ((real_openat_t)dlsym(RTLD_NEXT, "openat"))(dirfd, path, flags, mode);
+  return after_create(fd, dirfd, path, named, flags);
 }
 
 int openat64(int dirfd, const char* path, int flags, ...) {
@@ -165,8 +177,10 @@ int openat64(int dirfd, const char* path, int flags, ...) {
   mode_t mode = mode_arg(flags, ap);
   va_end(ap);
   char full[8192];
-  if (open_fault(dirfd, at_path(dirfd, path, full, sizeof(full)), flags, mode)) return -1;
-  return ((real_openat_t)dlsym(RTLD_NEXT, "openat64"))(dirfd, path, flags, mode);
+  const char* named = at_path(dirfd, path, full, sizeof(full));
+  if (open_fault(dirfd, named, flags, mode)) return -1;
+  int fd = ((real_openat_t)dlsym(RTLD_NEXT, "openat64"))(dirfd, path, flags, mode);
+  return after_create(fd, dirfd, path, named, flags);
 }
 
 /* ---- pwrite / pread -------------------------------------------------------------------- */
