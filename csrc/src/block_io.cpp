@@ -242,6 +242,15 @@ class SegmentCopier {
 // Where a block lives: its directory, opened beneath the root without following links, and
 // its name there. Every later step works relative to `dir`, so nothing that happens to the
 // path afterwards can redirect the operation.
+//
+// The directory is resolved for every store, not kept open between blocks. A descriptor
+// held across blocks keeps pointing at its directory wherever that directory is moved: a
+// tenant who can rename entries of a shared root (file_mode 0o660/0o666, or a root_dir
+// writable by others) could move a fan-out directory out of the root, and every later store
+// of it would land outside root_dir; checking a cached descriptor is still beneath the root
+// takes a resolution per level, no cheaper than this one openat2. It would also rarely hit:
+// keys hash uniformly over 65,536 leaf directories. Creating directories is already paid
+// once: openat2 succeeds in one call once they exist, and only ENOENT walks and mkdirs.
 struct Location {
   FileDescriptor dir;
   std::string dir_path;  // absolute, for messages
