@@ -18,7 +18,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,25 +26,15 @@ import pytest
 from kvtier import _core as core
 
 PAGE = 4096
-WAIT_S = 60.0
 CHILD_TIMEOUT_S = 120
 ROW = 3 * PAGE + 777
 
 
-def collect(engine: Any, job_ids: list[int]) -> dict[int, Any]:
-    got: dict[int, Any] = {}
-    deadline = time.monotonic() + WAIT_S
-    while set(job_ids) - got.keys():
-        for c in engine.pop_completions():
-            got[c.job_id] = c
-        assert time.monotonic() < deadline, f"jobs {job_ids} not reported"
-        time.sleep(0.002)
-    return got
-
-
-def run(engine: Any, job_id: int, kind: str, blocks: list[tuple]) -> Any:
-    (engine.submit_store if kind == "store" else engine.submit_load)(job_id, blocks)
-    return collect(engine, [job_id])[job_id]
+def finished(engine: Any) -> Any:
+    """The completion of the one job submitted since the last call (drain waits for it)."""
+    engine.drain()
+    (c,) = engine.pop_completions()
+    return c
 
 
 def rows(n: int, size: int, seed: int) -> tuple[mmap.mmap, np.ndarray, int]:
@@ -59,6 +48,13 @@ def rows(n: int, size: int, seed: int) -> tuple[mmap.mmap, np.ndarray, int]:
 
 def tmp_files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.name.endswith(".tmp")]
+
+
+def fault_env(interposer: Path, fault: str, **settings: str) -> dict[str, str]:
+    """Environment for a child under the interposer: KVTIER_FAULT and KVTIER_FAULT_<NAME>s."""
+    env = {"LD_PRELOAD": str(interposer), "KVTIER_FAULT": fault}
+    env.update({f"KVTIER_FAULT_{name.upper()}": value for name, value in settings.items()})
+    return env
 
 
 def run_child(script: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -127,14 +123,10 @@ def test_a_duplicate_found_at_rename_is_a_dedup_that_moved_no_bytes(
     interposer: Path, tmp_path: Path
 ) -> None:
     root = tmp_path / "root"
-    env = {
-        "LD_PRELOAD": str(interposer),
-        "KVTIER_FAULT": "pwrite",
-        "KVTIER_FAULT_MATCH": ".0.tmp",  # the process's first tmp name: store A's
-        "KVTIER_FAULT_ERRNO": "0",
-        "KVTIER_FAULT_TIMES": "1",
-        "KVTIER_FAULT_GATE": str(tmp_path / "gate"),
-    }
+    # Store A's write, the process's first tmp name, waits for the gate file.
+    env = fault_env(
+        interposer, "pwrite", match=".0.tmp", errno="0", times="1", gate=str(tmp_path / "gate")
+    )
     out = run_child(RACE, [str(root), str(tmp_path / "gate"), str(ROW)], env)
     assert len(out["injected"]) == 1, out
     assert out["second"] == [True, ROW, None]
@@ -176,12 +168,7 @@ def test_without_rename_noreplace_an_existing_entry_is_kept(
         print(json.dumps({"jobs": out}))
         """
     )
-    env = {
-        "LD_PRELOAD": str(interposer),
-        "KVTIER_FAULT": "renameat2",
-        "KVTIER_FAULT_MATCH": str(root),
-        "KVTIER_FAULT_ERRNO": str(errno.EINVAL),
-    }
+    env = fault_env(interposer, "renameat2", match=str(root), errno=str(errno.EINVAL))
     out = run_child(script, [str(root), str(ROW)], env)
     assert out["injected"], "renameat2 was never refused"
     first, second, load, over_fifo, dedups = out["jobs"]
@@ -223,12 +210,7 @@ def test_a_tmp_file_removed_before_it_was_locked_is_written_under_a_new_name(
         print(json.dumps({"jobs": out, "same": bool((src == dst).all())}))
         """
     )
-    env = {
-        "LD_PRELOAD": str(interposer),
-        "KVTIER_FAULT": "unlink_created",
-        "KVTIER_FAULT_MATCH": ".tmp",
-        "KVTIER_FAULT_TIMES": "1",
-    }
+    env = fault_env(interposer, "unlink_created", match=".tmp", times="1")
     out = run_child(script, [str(root), str(ROW)], env)
     assert len(out["injected"]) == 1 and ".tmp" in out["injected"][0], out
     assert out["jobs"] == [[True, None], [True, None]]
@@ -296,9 +278,7 @@ def test_a_used_directory_moved_out_of_the_root_is_never_followed(
         print(json.dumps({"jobs": out, "loaded_outside": bool((dst[row:2 * row] != 0).any())}))
         """
     )
-    env = {"LD_PRELOAD": str(interposer), "KVTIER_FAULT": "" if openat2 else "openat2"}
-    if not openat2:
-        env["KVTIER_FAULT_ERRNO"] = str(errno.ENOSYS)
+    env = fault_env(interposer, "") if openat2 else fault_env(interposer, "openat2", errno="38")
     out = run_child(script, [str(root), str(outside), replacement], env)
     stored, loaded, load_after, store_after = out["jobs"]
     assert stored[0] and loaded[0], out
@@ -369,14 +349,7 @@ def test_a_bad_file_is_not_removed_once_a_good_block_took_its_name(
         print(json.dumps({"out": out}))
         """
     )
-    env = {
-        "LD_PRELOAD": str(interposer),
-        "KVTIER_FAULT": "pread",
-        "KVTIER_FAULT_MATCH": "block.kvb",
-        "KVTIER_FAULT_ERRNO": "0",
-        "KVTIER_FAULT_TIMES": "1",
-        "KVTIER_FAULT_GATE": str(gate),
-    }
+    env = fault_env(interposer, "pread", match="block.kvb", errno="0", times="1", gate=str(gate))
     # The interposer's log line on stderr says when the read is held; the child waits for
     # "<gate>.reading", which a watcher thread here creates once that line appeared.
     proc = subprocess.Popen(
@@ -386,17 +359,17 @@ def test_a_bad_file_is_not_removed_once_a_good_block_took_its_name(
         text=True,
         env={**os.environ, **env},
     )
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if line.startswith("kvtier-fault: pread"):
-                Path(str(gate) + ".reading").touch()
-                break
-        stdout, stderr = proc.communicate(timeout=CHILD_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with proc:
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                if line.startswith("kvtier-fault: pread"):
+                    Path(str(gate) + ".reading").touch()
+                    break
+            stdout, stderr = proc.communicate(timeout=CHILD_TIMEOUT_S)
+        except BaseException:
+            proc.kill()  # a child held at the gate would otherwise outlive the test
+            raise
     assert proc.returncode == 0, stderr[-4000:]
     stored, bad_load, kept, good_load, same, removed = json.loads(stdout.splitlines()[-1])["out"]
     assert stored == [True, 0]
@@ -444,12 +417,12 @@ def test_host_segments_round_trip_and_write_the_same_file_as_contiguous_bytes(
         engine.submit_blocks(
             1, STORE, paths, keys, list(range(n)), layout(src_addr, n, runs, stride)
         )
-        (c,) = collect(engine, [1]).values()
+        c = finished(engine)
         assert c.success, c.error
         engine.submit_blocks(
             2, LOAD, paths, keys, list(range(n)), layout(dst_addr, n, runs, stride)
         )
-        (c,) = collect(engine, [2]).values()
+        c = finished(engine)
         assert c.success, c.error
         for b in range(n):
             for offset, length in runs:
@@ -460,14 +433,15 @@ def test_host_segments_round_trip_and_write_the_same_file_as_contiguous_bytes(
         for offset, length in runs:
             flat[0, at : at + length] = src[0, offset : offset + length]
             at += length
-        assert run(engine, 3, "store", [(str(root / "flat.kvb"), keys[0], flat_addr, at)]).success
+        engine.submit_store(3, [(str(root / "flat.kvb"), keys[0], flat_addr, at)])
+        assert finished(engine).success
         assert Path(paths[0]).read_bytes() == (root / "flat.kvb").read_bytes()
         # And the checksum covers the segments: a flipped payload byte fails the load.
         data = bytearray(Path(paths[1]).read_bytes())
         data[PAGE + at - 1] ^= 0x01
         Path(paths[1]).write_bytes(data)
         engine.submit_blocks(4, LOAD, paths[1:2], keys[1:2], [1], layout(dst_addr, n, runs, stride))
-        (c,) = collect(engine, [4]).values()
+        c = finished(engine)
         assert not c.success and c.errno == errno.EBADMSG
         assert not Path(paths[1]).exists()
     finally:
@@ -503,12 +477,7 @@ def test_host_segments_continue_short_transfers(
         print(json.dumps({"jobs": out, "same": bool(same)}))
         """
     )
-    env = {
-        "LD_PRELOAD": str(interposer),
-        "KVTIER_FAULT": call,
-        "KVTIER_FAULT_MATCH": "b.kvb",
-        "KVTIER_FAULT_SHORT": "1000",
-    }
+    env = fault_env(interposer, call, match="b.kvb", short="1000")
     out = run_child(script, [str(root)], env)
     assert len(out["injected"]) > 40, len(out["injected"])  # 44 KiB in 1000-byte pieces
     assert out["jobs"] == [[True, None], [True, None]]
