@@ -97,7 +97,8 @@ std::vector<iovec> file_iov(WorkerContext& worker, const std::vector<Segment>& p
 
 std::uint32_t payload_crc(const std::vector<Segment>& payload) {
   std::uint32_t crc = 0;
-  for (const Segment& seg : payload) crc = crc32c(seg.address, seg.length, crc);
+  for (const Segment& seg : payload)
+    if (seg.length > 0) crc = crc32c(seg.address, seg.length, crc);
   return crc;
 }
 
@@ -509,7 +510,7 @@ void verify(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, Read
 }
 
 // Header and a host payload in place (contiguous or segments) in one vectored call; with
-// O_DIRECT a partial last page lands in the tail page first, which cannot read a partial page.
+// O_DIRECT, which cannot read a partial page, a partial last page lands in the tail page.
 ReadOutcome read_in_place(const IoContext& ctx, WorkerContext& worker, int fd, bool direct,
                           const BlockOp& op, const std::vector<Segment>& payload, bool want_crc) {
   ReadOutcome out;
