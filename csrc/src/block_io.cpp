@@ -395,7 +395,8 @@ int publish(int dir, const std::string& tmp, const std::string& final_name, bool
 // create and lock may have removed the file, which the writer sees and answers with a new
 // name. One fstat tells: the tmp name is the file's only link and a sweep only ever unlinks,
 // so a file that still has a link still has its name (an unlinked inode cannot be linked
-// again), and from the lock on no sweep removes it.
+// again), and from the lock on no sweep removes it. NFS, which turns the unlink of a file
+// open on this host into a rename, is caught at the rename instead (store_block_impl).
 FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string& tmp,
                           bool& direct, BlockResult& result) {
   for (int attempt = 0; attempt < 3; ++attempt) {
@@ -420,7 +421,7 @@ FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string
 }
 
 BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                             cuda::Event ready) {
+                             cuda::Event ready, bool retry_vanished = true) {
   BlockResult result;
   Location loc;
   if (!locate(ctx, op.path, /*create=*/true, loc, result)) return result;
@@ -465,7 +466,16 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const 
   if (!lock_holder) return fail(errno, "dup");
   if (int e = fd.close_checked()) return fail(e, "close");
   bool already_there = false;
-  if (int e = publish(loc.dir.get(), tmp, loc.name, already_there)) return fail(e, "rename");
+  if (int e = publish(loc.dir.get(), tmp, loc.name, already_there)) {
+    // The tmp name is gone although create_tmp() found the file linked: on NFS a sweep's
+    // unlink of a file open on this host is a "silly rename", which keeps it linked under
+    // another name. Write the block again under a new name, once.
+    if (e == ENOENT && retry_vanished) {
+      lock_holder.reset();
+      return store_block_impl(ctx, worker, op, ready, /*retry_vanished=*/false);
+    }
+    return fail(e, "rename");
+  }
   if (already_there) {
     ::unlinkat(loc.dir.get(), tmp.c_str(), 0);
     // Only a block file makes a store redundant: anything else in its place is a failure,

@@ -185,9 +185,13 @@ def test_without_rename_noreplace_an_existing_entry_is_kept(
 # tmp files: removed before the lock, pids after fork
 
 
+@pytest.mark.parametrize("removal", ["unlink_created", "rename_created"])
 def test_a_tmp_file_removed_before_it_was_locked_is_written_under_a_new_name(
-    interposer: Path, tmp_path: Path
+    interposer: Path, tmp_path: Path, removal: str
 ) -> None:
+    """A sweep in another PID namespace removed the tmp name between create and lock: an
+    unlink (seen by the writer's fstat) or, on NFS, a rename of the open file (seen at the
+    final rename). Either way the block is written again under a new name."""
     root = tmp_path / "root"
     script = textwrap.dedent(
         """
@@ -210,12 +214,14 @@ def test_a_tmp_file_removed_before_it_was_locked_is_written_under_a_new_name(
         print(json.dumps({"jobs": out, "same": bool((src == dst).all())}))
         """
     )
-    env = fault_env(interposer, "unlink_created", match=".tmp", times="1")
+    env = fault_env(interposer, removal, match=".tmp", times="1")
     out = run_child(script, [str(root), str(ROW)], env)
     assert len(out["injected"]) == 1 and ".tmp" in out["injected"][0], out
     assert out["jobs"] == [[True, None], [True, None]]
     assert out["same"]
     assert tmp_files(root) == []
+    moved = [p.name for p in root.rglob("*.moved")]
+    assert len(moved) == (removal == "rename_created"), moved  # where "NFS" put the first
 
 
 def test_a_forked_child_names_tmp_files_with_its_own_pid() -> None:

@@ -14,7 +14,9 @@
  *                       slow_pwrite sleeps KVTIER_FAULT_DELAY_MS before each
  *                       matching write and then lets it through, unlink_created lets an
  *                       O_CREAT openat succeed and then removes the new name, as a sweep in
- *                       another PID namespace may before the writer locks its tmp file)
+ *                       another PID namespace may before the writer locks its tmp file,
+ *                       rename_created renames the new name to <name>.moved instead, as
+ *                       NFS does when a file open on the host is unlinked)
  *   KVTIER_FAULT_MATCH  substring of the path (for descriptor calls: the path the descriptor
  *                       refers to; for *at calls: the directory's path joined with the
  *                       name); empty or unset matches every path
@@ -151,11 +153,18 @@ int open64(const char* path, int flags, ...) {
   return ((real_open_t)dlsym(RTLD_NEXT, "open64"))(path, flags, mode);
 }
 
-/* After a successful create: "unlink_created" removes the name it just made. */
+/* After a successful create: "unlink_created" removes the name it just made,
+ * "rename_created" moves it to <name>.moved (the file stays linked). */
 static int after_create(int fd, int dirfd, const char* path, const char* full, int flags) {
-  if (fd >= 0 && (flags & O_CREAT) && fault_is("unlink_created") && path_matches(full) &&
-      claim("unlink_created", full))
-    unlinkat(dirfd, path, 0);
+  if (fd < 0 || !(flags & O_CREAT) || !path_matches(full)) return fd;
+  if (fault_is("unlink_created") && claim("unlink_created", full)) unlinkat(dirfd, path, 0);
+  if (fault_is("rename_created") && claim("rename_created", full)) {
+    char moved[8192];
+    snprintf(moved, sizeof(moved), "%s.moved", path);
+    int (*real_renameat)(int, const char*, int, const char*) =
+        (int (*)(int, const char*, int, const char*))dlsym(RTLD_NEXT, "renameat");
+    real_renameat(dirfd, path, dirfd, moved);
+  }
   return fd;
 }
 
