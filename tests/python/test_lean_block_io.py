@@ -37,13 +37,13 @@ def finished(engine: Any) -> Any:
     return c
 
 
-def rows(n: int, size: int, seed: int) -> tuple[mmap.mmap, np.ndarray, int]:
-    """Page-aligned memory of n rows with seeded random bytes: (owner, array, address).
-    The array keeps the mapping alive."""
+def rows(n: int, size: int, seed: int) -> tuple[np.ndarray, int]:
+    """Page-aligned memory (an anonymous mapping, which the array keeps alive) of n rows of
+    seeded random bytes, and its address."""
     owner = mmap.mmap(-1, n * size)
     array = np.frombuffer(owner, dtype=np.uint8).reshape(n, size)
     array[:] = np.random.default_rng(seed).integers(0, 256, array.shape, dtype=np.uint8)
-    return owner, array, core.buffer_address(owner, True)
+    return array, core.buffer_address(owner, True)
 
 
 def tmp_files(root: Path) -> list[Path]:
@@ -412,9 +412,9 @@ def test_host_segments_round_trip_and_write_the_same_file_as_contiguous_bytes(
         pytest.skip(f"no O_DIRECT on {root}: {core.probe_o_direct(str(root))}")
     runs, stride = SEGMENT_CASES[case]
     n = 3
-    _, src, src_addr = rows(1, n * stride, seed=11)
-    _, dst, dst_addr = rows(1, n * stride, seed=12)
-    _, flat, flat_addr = rows(1, sum(length for _, length in runs), seed=13)
+    src, src_addr = rows(1, n * stride, seed=11)
+    dst, dst_addr = rows(1, n * stride, seed=12)
+    flat, flat_addr = rows(1, sum(length for _, length in runs), seed=13)
     engine = core.Engine(str(root), n_read_threads=1, n_write_threads=1, o_direct=o_direct)
     try:
         paths = [str(root / "seg" / f"{b}.kvb") for b in range(n)]
