@@ -8,6 +8,7 @@ lists), and prints GB/s and process CPU seconds per GiB for each direction, next
 directory. ``kvtier bench`` measures the public tier on top of this; see bench/README.md.
 
     python bench/engine_throughput.py [--root DIR] [--sizes 256K,2M] [--total 1G] [--repeat 3]
+                                      [--layout contiguous|segments]
 """
 
 from __future__ import annotations
@@ -68,8 +69,26 @@ def measure(root: Path, primary: PrimaryMemory, args, rep: int) -> dict:
         per = args.blocks_per_job
         stores = [(1 + j, blocks[s : s + per]) for j, s in enumerate(range(0, n, per))]
         loads = [(100_000 + j, b) for j, b in stores]
-        store_s, store_cpu = _run_direction(engine, engine.submit_store, stores)
-        load_s, load_cpu = _run_direction(engine, engine.submit_load, loads)
+        store, load = engine.submit_store, engine.submit_load
+        if args.layout == "segments":
+            # Layer-first, as an engine's KV cache: layer r of every block in one region.
+            layers = 16
+            part = bs // layers
+            layout = _core.BlockLayout(
+                [(base + r * n * part, part, n, [(0, part)], False) for r in range(layers)]
+            )
+
+            def by_index(direction):
+                def submit(job_id, job_blocks):
+                    ids = [int(b[0].rsplit("/", 1)[1][:-4]) for b in job_blocks]
+                    paths, keys = [b[0] for b in job_blocks], [b[1] for b in job_blocks]
+                    engine.submit_blocks(job_id, direction, paths, keys, ids, layout)
+
+                return submit
+
+            store, load = by_index(_core.Direction.STORE), by_index(_core.Direction.LOAD)
+        store_s, store_cpu = _run_direction(engine, store, stores)
+        load_s, load_cpu = _run_direction(engine, load, loads)
     finally:
         engine.shutdown()
         shutil.rmtree(directory, ignore_errors=True)
@@ -92,6 +111,12 @@ def main() -> int:
     parser.add_argument("--blocks-per-job", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3, help="runs per size; medians shown")
     parser.add_argument("--no-fio", action="store_true")
+    parser.add_argument(
+        "--layout",
+        default="contiguous",
+        choices=["contiguous", "segments"],
+        help="segments: each block as 16 host-memory layers through a BlockLayout",
+    )
     args = parser.parse_args()
     try:
         sizes = parse_block_sizes(args.sizes)

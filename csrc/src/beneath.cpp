@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 
 #include <kvtier/error.hpp>
 #include <kvtier/files.hpp>
@@ -24,17 +25,21 @@ std::atomic<bool> g_openat2{true};
 
 // Called through syscall(): glibc before 2.41 has no wrapper, and this way one code path
 // serves every C library.
-int openat2_directory(int root, const std::string& relative, int& fd) noexcept {
+int openat2_beneath(int root, const std::string& relative, std::uint64_t flags,
+                    int& fd) noexcept {
   open_how how{};
-  how.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
+  how.flags = flags;
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  const long r = ::syscall(SYS_openat2, root, relative.c_str(), &how, sizeof(how));
+  if (r < 0) return errno;
+  fd = static_cast<int>(r);
+  return 0;
+}
+
+int openat2_directory(int root, const std::string& relative, int& fd) noexcept {
   for (;;) {
-    const long r = ::syscall(SYS_openat2, root, relative.c_str(), &how, sizeof(how));
-    if (r >= 0) {
-      fd = static_cast<int>(r);
-      return 0;
-    }
-    if (errno != EINTR && errno != EAGAIN) return errno;
+    const int e = openat2_beneath(root, relative, O_RDONLY | O_DIRECTORY | O_CLOEXEC, fd);
+    if (e != EINTR && e != EAGAIN) return e;
   }
 }
 
@@ -115,6 +120,16 @@ std::string RootDir::absolute(const std::string& directory, const std::string& n
     out += *part;
   }
   return out;
+}
+
+int RootDir::open_file(const std::string& directory, const std::string& name, int flags,
+                       FileDescriptor& out) const {
+  if (!g_openat2.load(std::memory_order_relaxed)) return ENOSYS;
+  int fd = -1;
+  const int e = openat2_beneath(fd_.get(), directory.empty() ? name : directory + "/" + name,
+                                static_cast<std::uint64_t>(flags), fd);
+  if (e == 0) out = FileDescriptor(fd);
+  return e;
 }
 
 PathError RootDir::open_directory(const std::string& directory, bool create, mode_t mode,

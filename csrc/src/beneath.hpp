@@ -44,6 +44,14 @@ class RootDir {
   PathError open_directory(const std::string& directory, bool create, mode_t mode,
                            FileDescriptor& out) const;
 
+  /// Opens the file `name` in `directory` (from split()) with `flags` in one openat2 system
+  /// call, never through a link. Returns 0, or an errno value: ENOSYS where openat2 is not
+  /// used (the caller then opens the directory first), ELOOP for a link anywhere on the way,
+  /// EAGAIN when a concurrent rename made the kernel give up. Reports nothing else about
+  /// which component failed: callers re-resolve step by step for a precise error.
+  int open_file(const std::string& directory, const std::string& name, int flags,
+                FileDescriptor& out) const;
+
   /// The absolute form of a relative `directory` (and optional `name`), for messages.
   std::string absolute(const std::string& directory, const std::string& name = {}) const;
 

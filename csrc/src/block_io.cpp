@@ -26,15 +26,80 @@ bool is_aligned(const void* p) noexcept {
   return reinterpret_cast<std::uintptr_t>(p) % kAlignment == 0;
 }
 
+// Whether host segments can be the file's iovecs themselves: always with buffered I/O; with
+// O_DIRECT when every segment starts on a page and all but the last are whole pages (the
+// last one's partial page goes through the worker's tail page). Device memory never can.
+bool in_place(const std::vector<Segment>& segments, bool direct) {
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const Segment& seg = segments[i];
+    if (seg.kind != MemoryKind::kHost) return false;
+    if (direct && seg.length > 0 &&
+        (!is_aligned(seg.address) || (i + 1 < segments.size() && seg.length % kAlignment != 0)))
+      return false;
+  }
+  return true;
+}
+
 // Payloads that cannot go to the file in place move through a staging buffer as segments:
-// the op's own segments, or its contiguous buffer as one host segment when O_DIRECT meets
-// unaligned memory. Returns nullptr when the payload goes in place.
+// the op's own segments when they hold device memory or, with O_DIRECT, unaligned host
+// memory; or its contiguous buffer as one host segment when O_DIRECT meets unaligned memory.
+// Returns nullptr when the payload goes in place (see in_place_payload()).
 const std::vector<Segment>* staged_segments(const BlockOp& op, bool direct,
                                             std::vector<Segment>& scratch) {
-  if (!op.segments.empty()) return &op.segments;
+  if (!op.segments.empty()) return in_place(op.segments, direct) ? nullptr : &op.segments;
   if (!direct || is_aligned(op.data) || op.length == 0) return nullptr;
   scratch = {{op.data, op.length, MemoryKind::kHost}};
   return &scratch;
+}
+
+// The host memory a payload that goes in place occupies: the op's segments, or its contiguous
+// buffer as one segment.
+const std::vector<Segment>& in_place_payload(const BlockOp& op, std::vector<Segment>& scratch) {
+  if (!op.segments.empty()) return op.segments;
+  scratch = {{op.data, op.length, MemoryKind::kHost}};
+  return scratch;
+}
+
+// The iovecs of a whole block file over the header page and host memory that goes in place
+// (empty segments left out). With O_DIRECT, whose lengths are whole pages, a partial last
+// page is cut from the last iovec and read or written through the worker's tail page
+// instead; `tail` is then its length. A buffered store pads with zeros to a whole page.
+std::vector<iovec> file_iov(WorkerContext& worker, const std::vector<Segment>& payload,
+                            bool direct, bool store, std::size_t& tail) {
+  std::vector<iovec> iov;
+  iov.reserve(payload.size() + 2);
+  iov.push_back({worker.header.data(), kHeaderSize});
+  std::size_t total = 0;
+  for (const Segment& seg : payload) {
+    if (seg.length == 0) continue;
+    iov.push_back({seg.address, seg.length});
+    total += seg.length;
+  }
+  tail = 0;
+  const std::size_t rest = total % kAlignment;
+  if (rest == 0) return iov;
+  if (direct) {
+    tail = rest;  // in_place(): all of it lies at the end of the last segment
+    iovec& last = iov.back();
+    last.iov_len -= rest;
+    const auto* cut = static_cast<unsigned char*>(last.iov_base) + last.iov_len;
+    if (store) {
+      std::memcpy(worker.tail.data(), cut, rest);
+      std::memset(worker.tail.data() + rest, 0, kAlignment - rest);
+    }
+    if (last.iov_len == 0) iov.pop_back();
+    iov.push_back({worker.tail.data(), kAlignment});
+  } else if (store) {
+    iov.push_back({const_cast<unsigned char*>(kZeroPage), kAlignment - rest});
+  }
+  return iov;
+}
+
+std::uint32_t payload_crc(const std::vector<Segment>& payload) {
+  std::uint32_t crc = 0;
+  for (const Segment& seg : payload)
+    if (seg.length > 0) crc = crc32c(seg.address, seg.length, crc);
+  return crc;
 }
 
 BlockResult failure(int error, const char* operation, const std::string& path,
@@ -178,6 +243,15 @@ class SegmentCopier {
 // Where a block lives: its directory, opened beneath the root without following links, and
 // its name there. Every later step works relative to `dir`, so nothing that happens to the
 // path afterwards can redirect the operation.
+//
+// The directory is resolved for every store, not kept open between blocks. A descriptor
+// held across blocks keeps pointing at its directory wherever that directory is moved: a
+// tenant who can rename entries of a shared root (file_mode 0o660/0o666, or a root_dir
+// writable by others) could move a fan-out directory out of the root, and every later store
+// of it would land outside root_dir; checking a cached descriptor is still beneath the root
+// takes a resolution per level, no cheaper than this one openat2. It would also rarely hit:
+// keys hash uniformly over 65,536 leaf directories. Creating directories is already paid
+// once: openat2 succeeds in one call once they exist, and only ENOENT walks and mkdirs.
 struct Location {
   FileDescriptor dir;
   std::string dir_path;  // absolute, for messages
@@ -245,46 +319,26 @@ FileDescriptor open_at(const IoContext& ctx, const Location& loc, const std::str
 
 // ---- store --------------------------------------------------------------------------------
 
-std::uint32_t payload_crc(const IoContext& ctx, const BlockOp& op) {
-  return ctx.config->checksum == Checksum::kCrc32c ? crc32c(op.data, op.length) : 0;
-}
-
 void encode(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, std::size_t length,
             std::uint32_t crc) {
   encode_header(worker.header.data(), op.key, ctx.config->fingerprint, length, ctx.config->checksum,
                 crc);
 }
 
-// One contiguous, page-aligned host buffer with O_DIRECT: caller memory goes to the device in
-// place; only a partial last page is copied (O_DIRECT lengths are multiples of kAlignment).
-StepError write_contiguous_direct(const IoContext& ctx, WorkerContext& worker, int fd,
-                                  const BlockOp& op) {
-  encode(ctx, worker, op, op.length, payload_crc(ctx, op));
-  const auto* data = static_cast<const unsigned char*>(op.data);
-  const std::size_t body = op.length / kAlignment * kAlignment;
-  const std::size_t rest = op.length - body;
-  std::vector<iovec> iov{{worker.header.data(), kHeaderSize}};
-  if (body > 0) iov.push_back({const_cast<unsigned char*>(data), body});
-  if (rest > 0) {
-    std::memcpy(worker.tail.data(), data + body, rest);
-    std::memset(worker.tail.data() + rest, 0, kAlignment - rest);
-    iov.push_back({worker.tail.data(), kAlignment});
-  }
-  return {pwritev_full(fd, std::move(iov), 0), "pwrite"};
+// Host memory in place, contiguous or segments (O_DIRECT only where in_place() allows): the
+// header and the payload from the caller's memory in one vectored call; only a partial last
+// page is copied.
+StepError write_in_place(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
+                         const std::vector<Segment>& payload, bool direct) {
+  const bool want_crc = ctx.config->checksum == Checksum::kCrc32c;
+  encode(ctx, worker, op, op.payload_length(), want_crc ? payload_crc(payload) : 0);
+  std::size_t tail = 0;
+  return {pwritev_full(fd, file_iov(worker, payload, direct, /*store=*/true, tail), 0), "pwrite"};
 }
 
-StepError write_contiguous_buffered(const IoContext& ctx, WorkerContext& worker, int fd,
-                                    const BlockOp& op) {
-  encode(ctx, worker, op, op.length, payload_crc(ctx, op));
-  std::vector<iovec> iov{{worker.header.data(), kHeaderSize}};
-  if (op.length > 0) iov.push_back({op.data, op.length});
-  const std::size_t pad = align_up(op.length) - op.length;
-  if (pad > 0) iov.push_back({const_cast<unsigned char*>(kZeroPage), pad});
-  return {pwritev_full(fd, std::move(iov), 0), "pwrite"};
-}
-
-// Segments: gathered piece by piece into a staging buffer and written from there; the header
-// goes last, once the payload checksum is known.
+// Segments: gathered piece by piece into a staging buffer and written from there. The header
+// needs the payload's checksum: it goes with the payload when that fits in one piece, else
+// alone after the last piece.
 StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
                          const std::vector<Segment>& segments, cuda::Event ready) {
   // The lease outlives the copier, whose destructor retires copies still using the buffer.
@@ -300,6 +354,11 @@ StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, co
     if (StepError e = copier.copy(lease.data(), n, /*to_staging=*/true)) return e;
     if (want_crc) crc = crc32c(lease.data(), n, crc);
     std::memset(lease.data() + n, 0, padded - n);
+    if (done == 0 && n == total) {
+      encode(ctx, worker, op, total, crc);
+      return {pwritev_full(fd, {{worker.header.data(), kHeaderSize}, {lease.data(), padded}}, 0),
+              "pwrite"};
+    }
     if (int e = pwritev_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done)))
       return {e, "pwrite"};
   }
@@ -308,8 +367,11 @@ StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, co
 }
 
 // Renames without replacing an existing file, so the first writer of a key wins and later
-// ones become dedups. File systems without RENAME_NOREPLACE fall back to rename(), which
-// replaces a file holding the same bytes. Both names are in `dir`: no path is re-resolved.
+// ones become dedups: this is the store's only existence check. File systems without
+// RENAME_NOREPLACE (NFS) fall back to a look, then rename(): whatever is at the final name
+// (a block, or a FIFO planted there) is kept, and only an equal block written in the window
+// between the look and the rename can be replaced. Both names are in `dir`: no path is
+// re-resolved.
 int publish(int dir, const std::string& tmp, const std::string& final_name, bool& already_there) {
   already_there = false;
 #ifdef RENAME_NOREPLACE
@@ -320,13 +382,21 @@ int publish(int dir, const std::string& tmp, const std::string& final_name, bool
   }
   if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) return errno;
 #endif
+  struct stat st;
+  if (::fstatat(dir, final_name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    already_there = true;
+    return 0;
+  }
   return ::renameat(dir, tmp.c_str(), dir, final_name.c_str()) == 0 ? 0 : errno;
 }
 
 // Creates and locks this writer's tmp file. The lock tells a start-up sweep in any process
 // (any PID namespace) that the writer is alive; a sweep that looked in the instant between
-// create and lock may have removed the file, which the writer sees (the name no longer
-// leads to its file) and answers with a new name.
+// create and lock may have removed the file, which the writer sees and answers with a new
+// name. One fstat tells: the tmp name is the file's only link and a sweep only ever unlinks,
+// so a file that still has a link still has its name (an unlinked inode cannot be linked
+// again), and from the lock on no sweep removes it. NFS, which turns the unlink of a file
+// open on this host into a rename, is caught at the rename instead (store_block_impl).
 FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string& tmp,
                           bool& direct, BlockResult& result) {
   for (int attempt = 0; attempt < 3; ++attempt) {
@@ -343,31 +413,22 @@ FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string
       return {};
     }
     // Without lock support (locked != 0) the sweep falls back to pid liveness.
-    struct stat mine, there;
-    if (locked != 0 ||
-        (::fstat(fd.get(), &mine) == 0 &&
-         ::fstatat(loc.dir.get(), tmp.c_str(), &there, AT_SYMLINK_NOFOLLOW) == 0 &&
-         mine.st_ino == there.st_ino && mine.st_dev == there.st_dev))
-      return fd;
+    struct stat mine;
+    if (locked != 0 || (::fstat(fd.get(), &mine) == 0 && mine.st_nlink > 0)) return fd;
   }
   result = failure(ENOENT, "lock", loc.path_of(tmp), "tmp file removed by another process");
   return {};
 }
 
 BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                             cuda::Event ready) {
+                             cuda::Event ready, bool retry_vanished = true) {
   BlockResult result;
   Location loc;
   if (!locate(ctx, op.path, /*create=*/true, loc, result)) return result;
-  struct stat st;
-  if (::fstatat(loc.dir.get(), loc.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
-    // Only a block file makes a store redundant: anything else in its place is a failure,
-    // never a success reported forever.
-    if (!S_ISREG(st.st_mode)) return not_regular(op.path, st.st_mode);
-    BlockResult r;
-    r.dedup = true;
-    return r;
-  }
+  // No existence check before writing: the tier cannot know a key is new (other processes
+  // and hosts share the root), so publish() must detect a duplicate anyway, and engines
+  // store what their lookup found missing. A duplicate costs one wasted write instead of
+  // every store costing a stat.
   const EngineConfig& config = *ctx.config;
   std::string tmp;
   bool direct = ctx.direct;
@@ -395,9 +456,9 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const 
     return fail(errno, "fchmod");
   std::vector<Segment> scratch;
   const std::vector<Segment>* staged = staged_segments(op, direct, scratch);
-  StepError written = staged   ? write_segments(ctx, worker, fd.get(), op, *staged, ready)
-                      : direct ? write_contiguous_direct(ctx, worker, fd.get(), op)
-                               : write_contiguous_buffered(ctx, worker, fd.get(), op);
+  StepError written =
+      staged ? write_segments(ctx, worker, fd.get(), op, *staged, ready)
+             : write_in_place(ctx, worker, fd.get(), op, in_place_payload(op, scratch), direct);
   if (written) return fail(written.error, written.operation, std::move(written.message));
   if (config.durability != Durability::kNone && ::fdatasync(fd.get()) != 0)
     return fail(errno, "fdatasync");
@@ -405,9 +466,21 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const 
   if (!lock_holder) return fail(errno, "dup");
   if (int e = fd.close_checked()) return fail(e, "close");
   bool already_there = false;
-  if (int e = publish(loc.dir.get(), tmp, loc.name, already_there)) return fail(e, "rename");
+  if (int e = publish(loc.dir.get(), tmp, loc.name, already_there)) {
+    // The tmp name is gone although create_tmp() found the file linked: on NFS a sweep's
+    // unlink of a file open on this host is a "silly rename", which keeps it linked under
+    // another name. Write the block again under a new name, once.
+    if (e == ENOENT && retry_vanished) {
+      lock_holder.reset();
+      return store_block_impl(ctx, worker, op, ready, /*retry_vanished=*/false);
+    }
+    return fail(e, "rename");
+  }
   if (already_there) {
     ::unlinkat(loc.dir.get(), tmp.c_str(), 0);
+    // Only a block file makes a store redundant: anything else in its place is a failure,
+    // never a success reported forever.
+    struct stat st;
     if (::fstatat(loc.dir.get(), loc.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
         !S_ISREG(st.st_mode)) {
       BlockResult r = not_regular(op.path, st.st_mode);
@@ -422,7 +495,8 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const 
     return r;
   }
   BlockResult r;
-  r.bytes = op.payload_length();
+  // A dedup moved no bytes to storage: the tier's capacity ledger counts only new files.
+  r.bytes = already_there ? 0 : op.payload_length();
   r.dedup = already_there;
   r.o_direct_fallback = fell_back;
   return r;
@@ -445,49 +519,55 @@ void verify(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, Read
                               op.payload_length(), out.header);
 }
 
-// Header and a contiguous host payload in one system call; a partial last page lands in the
-// tail buffer for O_DIRECT, which cannot read a partial page.
-ReadOutcome read_contiguous(const IoContext& ctx, WorkerContext& worker, int fd, bool direct,
-                            const BlockOp& op, bool want_crc) {
+// Header and a host payload in place (contiguous or segments) in one vectored call; with
+// O_DIRECT, which cannot read a partial page, a partial last page lands in the tail page.
+ReadOutcome read_in_place(const IoContext& ctx, WorkerContext& worker, int fd, bool direct,
+                          const BlockOp& op, const std::vector<Segment>& payload, bool want_crc) {
   ReadOutcome out;
-  auto* data = static_cast<unsigned char*>(op.data);
-  const std::size_t body = direct ? op.length / kAlignment * kAlignment : op.length;
-  const std::size_t rest = op.length - body;
-  std::vector<iovec> iov{{worker.header.data(), kHeaderSize}};
-  if (body > 0) iov.push_back({data, body});
-  if (rest > 0) iov.push_back({worker.tail.data(), kAlignment});
-  const std::size_t want = kHeaderSize + body + (rest > 0 ? kAlignment : 0);
+  std::size_t tail = 0;
+  std::vector<iovec> iov = file_iov(worker, payload, direct, /*store=*/false, tail);
+  const std::size_t total = op.payload_length();
+  const std::size_t want = kHeaderSize + total - tail + (tail > 0 ? kAlignment : 0);
   std::size_t got = 0;
   if (int e = preadv_full(fd, std::move(iov), 0, got)) {
     out.error = {e, "pread"};
   } else if (got < want) {
     out.short_read = true;
   } else {
-    if (rest > 0) std::memcpy(data + body, worker.tail.data(), rest);
-    if (want_crc) out.crc = crc32c(data, op.length);
+    if (tail > 0) {
+      const Segment& last = *std::find_if(payload.rbegin(), payload.rend(),
+                                          [](const Segment& seg) { return seg.length > 0; });
+      std::memcpy(static_cast<unsigned char*>(last.address) + last.length - tail,
+                  worker.tail.data(), tail);
+    }
+    if (want_crc) out.crc = payload_crc(payload);
     verify(ctx, worker, op, out);
   }
   return out;
 }
 
-// Segments: the header first (so a wrong file never reaches the segments), then the payload
-// through a staging buffer, piece by piece.
+// Segments through a staging buffer, piece by piece: the header and the first piece in one
+// call, and the header verified before any byte reaches the segments (so a wrong file never
+// does), then the other pieces.
 ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
                           const std::vector<Segment>& segments, bool want_crc, cuda::Event ready) {
   ReadOutcome out;
+  const std::size_t total = op.payload_length();
+  auto lease = ctx.staging->acquire();  // outlives the copier (see write_segments)
+  const std::size_t first = align_up(std::min(lease.size(), total));
   std::size_t got = 0;
-  if (int e = preadv_full(fd, {{worker.header.data(), kHeaderSize}}, 0, got)) {
+  std::vector<iovec> head{{worker.header.data(), kHeaderSize}};
+  if (first > 0) head.push_back({lease.data(), first});
+  if (int e = preadv_full(fd, std::move(head), 0, got)) {
     out.error = {e, "pread"};
     return out;
   }
-  if (got < kHeaderSize) {
+  if (got < kHeaderSize + first) {
     out.short_read = true;
     return out;
   }
   verify(ctx, worker, op, out);
   if (!out.corrupt.empty()) return out;
-  const std::size_t total = op.payload_length();
-  auto lease = ctx.staging->acquire();  // outlives the copier (see write_segments)
   SegmentCopier copier(ctx, worker, segments);
   if (StepError e = copier.wait_for(ready)) {
     out.error = std::move(e);
@@ -496,14 +576,16 @@ ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, c
   for (std::size_t done = 0; done < total; done += lease.size()) {
     const std::size_t n = std::min(lease.size(), total - done);
     const std::size_t padded = align_up(n);
-    if (int e = preadv_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done),
-                            got)) {
-      out.error = {e, "pread"};
-      return out;
-    }
-    if (got < padded) {
-      out.short_read = true;
-      return out;
+    if (done > 0) {
+      if (int e = preadv_full(fd, {{lease.data(), padded}},
+                              static_cast<off_t>(kHeaderSize + done), got)) {
+        out.error = {e, "pread"};
+        return out;
+      }
+      if (got < padded) {
+        out.short_read = true;
+        return out;
+      }
     }
     if (want_crc) out.crc = crc32c(lease.data(), n, out.crc);
     if (StepError e = copier.copy(lease.data(), n, /*to_staging=*/false)) {
@@ -514,28 +596,61 @@ ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, c
   return out;
 }
 
+// Opens a block file for reading. First in one openat2 from the root, which never follows a
+// link either; a load needs no directory descriptor unless the file turns out bad. Where that
+// fails (a missing block, a link, O_DIRECT refused) or openat2 is not used, the directory
+// first and then the file: that route names the component in the way, falls back from
+// O_DIRECT, and fills `loc`.
+FileDescriptor open_for_load(const IoContext& ctx, const BlockOp& op, int flags, bool& direct,
+                             Location& loc, BlockResult& result) {
+  std::string directory;
+  if (ctx.root->split(op.path, directory, loc.name) == 0) {
+    FileDescriptor fd;
+    if (ctx.root->open_file(directory, loc.name, flags | O_NOFOLLOW | (direct ? O_DIRECT : 0),
+                            fd) == 0)
+      return fd;
+  }
+  if (!locate(ctx, op.path, /*create=*/false, loc, result)) return {};
+  return open_at(ctx, loc, loc.name, flags, direct, result);
+}
+
+// Removes a block file that failed verification, so the next lookup is a clean miss. Only if
+// its name still leads to the file that was read: a writer may have put a good block there
+// since (the old code unlinked whatever the name held).
+bool remove_bad_file(const IoContext& ctx, const BlockOp& op, Location& loc,
+                     const struct stat& read) {
+  BlockResult ignored;
+  if (!loc.dir && !locate(ctx, op.path, /*create=*/false, loc, ignored)) return false;
+  struct stat now;
+  return ::fstatat(loc.dir.get(), loc.name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+         now.st_dev == read.st_dev && now.st_ino == read.st_ino &&
+         ::unlinkat(loc.dir.get(), loc.name.c_str(), 0) == 0;
+}
+
 BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                             cuda::Event ready) {
   const EngineConfig& config = *ctx.config;
   BlockResult result;
   Location loc;
-  if (!locate(ctx, op.path, /*create=*/false, loc, result)) return result;
   bool direct = ctx.direct;
   // O_NONBLOCK: opening a FIFO planted at a block path must fail the block, not hang the
   // worker (and with it drain and shutdown); it changes nothing for regular files.
-  FileDescriptor fd = open_at(ctx, loc, loc.name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY,
-                              direct, result);
+  FileDescriptor fd =
+      open_for_load(ctx, op, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, direct, loc, result);
   if (!fd) return result;
   const bool fell_back = result.o_direct_fallback;
+  // Kept although every special file would also fail the read below (FIFOs and sockets with
+  // ESPIPE, directories with EISDIR, /dev/null with a short read): reading a device planted
+  // at a block path runs its driver's code, which need not honour O_NONBLOCK. One fstat, the
+  // cheapest call of a load, keeps "a special file fails at once, never hangs" unconditional.
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return failure(errno, "fstat", op.path);
   if (!S_ISREG(st.st_mode)) return not_regular(op.path, st.st_mode);
 
-  // A bad file is removed so the next lookup is a clean miss instead of the same failure.
   auto corrupt = [&](std::string why) {
     fd.reset();
     BlockResult r = failure(EBADMSG, "verify", op.path, std::move(why));
-    r.corrupt_removed = ::unlinkat(loc.dir.get(), loc.name.c_str(), 0) == 0;
+    r.corrupt_removed = remove_bad_file(ctx, op, loc, st);
     r.o_direct_fallback = fell_back;
     return r;
   };
@@ -544,7 +659,8 @@ BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const B
   std::vector<Segment> scratch;
   const std::vector<Segment>* staged = staged_segments(op, direct, scratch);
   ReadOutcome read = staged ? read_segments(ctx, worker, fd.get(), op, *staged, want_crc, ready)
-                            : read_contiguous(ctx, worker, fd.get(), direct, op, want_crc);
+                            : read_in_place(ctx, worker, fd.get(), direct, op,
+                                            in_place_payload(op, scratch), want_crc);
   if (read.error) {
     BlockResult r =
         failure(read.error.error, read.error.operation, op.path, std::move(read.error.message));

@@ -1,8 +1,10 @@
 #include "posix_io.hpp"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace kvtier::detail {
@@ -34,7 +36,7 @@ int FileDescriptor::close_checked() noexcept {
 int pwritev_full(int fd, std::vector<iovec> iov, off_t offset) noexcept {
   std::size_t first = 0;
   while (first < iov.size()) {
-    const int count = static_cast<int>(iov.size() - first);
+    const int count = static_cast<int>(std::min<std::size_t>(iov.size() - first, IOV_MAX));
     ssize_t n = ::pwritev(fd, iov.data() + first, count, offset);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -52,7 +54,7 @@ int preadv_full(int fd, std::vector<iovec> iov, off_t offset, std::size_t& bytes
   bytes_read = 0;
   std::size_t first = 0;
   while (first < iov.size()) {
-    const int count = static_cast<int>(iov.size() - first);
+    const int count = static_cast<int>(std::min<std::size_t>(iov.size() - first, IOV_MAX));
     ssize_t n = ::preadv(fd, iov.data() + first, count, offset);
     if (n < 0) {
       if (errno == EINTR) continue;

@@ -46,12 +46,13 @@ class FileDescriptor {
   int fd_ = -1;
 };
 
-/// Writes every byte of `iov` at `offset`, retrying on EINTR and short writes.
+/// Writes every byte of `iov` at `offset`, retrying on EINTR and short writes; any number of
+/// entries (IOV_MAX per system call).
 /// Returns 0 or an errno value (EIO if the kernel accepts no bytes).
 int pwritev_full(int fd, std::vector<iovec> iov, off_t offset) noexcept;
 
-/// Reads into `iov` at `offset` until it is full or the file ends, retrying on EINTR and
-/// short reads. Sets `bytes_read`. Returns 0 (also at end of file) or an errno value.
+/// Reads into `iov` (any number of entries, IOV_MAX per system call) at `offset` until it is
+/// full or the file ends, retrying on EINTR and short reads. Sets `bytes_read`. Returns 0 (also at end of file) or an errno value.
 int preadv_full(int fd, std::vector<iovec> iov, off_t offset, std::size_t& bytes_read) noexcept;
 
 /// Creates every missing directory of `dir` with exactly `mode` (whatever the umask).

@@ -205,78 +205,89 @@ KV_TEST(one_staging_buffer_moves_large_unaligned_blocks) {
 }
 
 KV_TEST(host_segments_round_trip_and_match_contiguous_files) {
-  // A payload given as segments (unaligned, odd lengths, one empty) writes the same file a
-  // contiguous buffer does, and either form loads what the other stored.
-  TempDir dir;
-  const std::size_t lengths[] = {5000, 0, 1, 4096, 70000, 123};
-  std::size_t total = 0;
-  for (std::size_t n : lengths) total += n;
-  const auto bytes = kvtest::pattern(total, 55);
-  int job = 0;
-  for (ODirectMode mode : o_direct_modes(dir)) {
-    EngineConfig config = kvtest::engine_config(dir, mode);
-    config.staging_buffer_bytes = 16384;  // several pieces per block, pieces straddle segments
-    config.staging_bytes_total = 2 * 16384;
-    Engine engine(config);
-    std::vector<std::unique_ptr<Memory>> parts;
-    auto make_segments = [&](bool fill) {
-      std::vector<kvtier::Segment> segs;
-      std::size_t at = 0;
-      for (std::size_t i = 0; i < std::size(lengths); ++i) {
-        parts.push_back(std::make_unique<Memory>(lengths[i], 1 + i * 3));
-        if (fill) std::memcpy(parts.back()->data(), bytes.data() + at, lengths[i]);
-        segs.push_back({parts.back()->data(), lengths[i], kvtier::MemoryKind::kHost});
-        at += lengths[i];
-      }
-      return segs;
-    };
-    auto seg_block = [&](const std::string& path, std::vector<kvtier::Segment> segs) {
-      kvtier::BlockOp op;
-      op.path = path;
-      op.key = "seg";
-      op.segments = std::move(segs);
-      return op;
-    };
-    const std::string seg_path = dir / (std::string("seg-") + name(mode));
-    const std::string flat_path = dir / (std::string("flat-") + name(mode));
-    Completion c = kvtest::run_job(engine, ++job, Direction::kStore,
-                                   {seg_block(seg_path, make_segments(true))});
-    CHECK_MSG(c.success, describe(c));
-    CHECK_EQ(c.bytes, std::uint64_t{total});
-    CHECK(kvtest::store(engine, ++job, flat_path, "seg", bytes.data(), total).success);
-    // Same key, payload and fingerprint: byte-identical files.
-    std::vector<unsigned char> a(static_cast<std::size_t>(kvtest::file_size(seg_path)));
-    std::vector<unsigned char> b(static_cast<std::size_t>(kvtest::file_size(flat_path)));
-    CHECK_EQ(a.size(), b.size());
-    FILE* fa = std::fopen(seg_path.c_str(), "rb");
-    FILE* fb = std::fopen(flat_path.c_str(), "rb");
-    CHECK(fa != nullptr && fb != nullptr);
-    CHECK_EQ(std::fread(a.data(), 1, a.size(), fa), a.size());
-    CHECK_EQ(std::fread(b.data(), 1, b.size(), fb), b.size());
-    std::fclose(fa);
-    std::fclose(fb);
-    CHECK_MSG(a == b, std::string("segment and contiguous stores differ, o_direct=") + name(mode));
-    // Segments load from either file.
-    for (const std::string& path : {seg_path, flat_path}) {
-      const std::size_t first = parts.size();
-      c = kvtest::run_job(engine, ++job, Direction::kLoad, {seg_block(path, make_segments(false))});
+  // A payload given as segments writes the same file a contiguous buffer does, and either
+  // form loads what the other stored. Unaligned segments (odd lengths, one empty) move through
+  // staging under O_DIRECT; page-aligned ones (whole pages but the last) go to the file in
+  // place in every mode, the last partial page through the worker's tail page.
+  struct Shape {
+    std::vector<std::size_t> lengths;
+    bool aligned;
+  };
+  for (const Shape& shape : {Shape{{5000, 0, 1, 4096, 70000, 123}, false},
+                             Shape{{8192, 0, 4096, 12388}, true}}) {
+    TempDir dir;
+    const std::vector<std::size_t>& lengths = shape.lengths;
+    std::size_t total = 0;
+    for (std::size_t n : lengths) total += n;
+    const auto bytes = kvtest::pattern(total, 55);
+    int job = 0;
+    for (ODirectMode mode : o_direct_modes(dir)) {
+      EngineConfig config = kvtest::engine_config(dir, mode);
+      config.staging_buffer_bytes = 16384;  // several pieces per block, pieces straddle segments
+      config.staging_bytes_total = 2 * 16384;
+      Engine engine(config);
+      std::vector<std::unique_ptr<Memory>> parts;
+      auto make_segments = [&](bool fill) {
+        std::vector<kvtier::Segment> segs;
+        std::size_t at = 0;
+        for (std::size_t i = 0; i < lengths.size(); ++i) {
+          parts.push_back(std::make_unique<Memory>(lengths[i], shape.aligned ? 0 : 1 + i * 3));
+          if (fill) std::memcpy(parts.back()->data(), bytes.data() + at, lengths[i]);
+          segs.push_back({parts.back()->data(), lengths[i], kvtier::MemoryKind::kHost});
+          at += lengths[i];
+        }
+        return segs;
+      };
+      auto seg_block = [&](const std::string& path, std::vector<kvtier::Segment> segs) {
+        kvtier::BlockOp op;
+        op.path = path;
+        op.key = "seg";
+        op.segments = std::move(segs);
+        return op;
+      };
+      const std::string seg_path = dir / (std::string("seg-") + name(mode));
+      const std::string flat_path = dir / (std::string("flat-") + name(mode));
+      Completion c = kvtest::run_job(engine, ++job, Direction::kStore,
+                                     {seg_block(seg_path, make_segments(true))});
       CHECK_MSG(c.success, describe(c));
-      std::vector<unsigned char> joined;
-      for (std::size_t i = first; i < parts.size(); ++i)
-        joined.insert(joined.end(), parts[i]->data(), parts[i]->data() + parts[i]->size());
-      CHECK(joined == bytes);
+      CHECK_EQ(c.bytes, std::uint64_t{total});
+      CHECK(kvtest::store(engine, ++job, flat_path, "seg", bytes.data(), total).success);
+      // Same key, payload and fingerprint: byte-identical files.
+      std::vector<unsigned char> a(static_cast<std::size_t>(kvtest::file_size(seg_path)));
+      std::vector<unsigned char> b(static_cast<std::size_t>(kvtest::file_size(flat_path)));
+      CHECK_EQ(a.size(), b.size());
+      FILE* fa = std::fopen(seg_path.c_str(), "rb");
+      FILE* fb = std::fopen(flat_path.c_str(), "rb");
+      CHECK(fa != nullptr && fb != nullptr);
+      CHECK_EQ(std::fread(a.data(), 1, a.size(), fa), a.size());
+      CHECK_EQ(std::fread(b.data(), 1, b.size(), fb), b.size());
+      std::fclose(fa);
+      std::fclose(fb);
+      CHECK_MSG(a == b,
+                std::string("segment and contiguous stores differ, o_direct=") + name(mode));
+      // Segments load from either file.
+      for (const std::string& path : {seg_path, flat_path}) {
+        const std::size_t first = parts.size();
+        c = kvtest::run_job(engine, ++job, Direction::kLoad,
+                            {seg_block(path, make_segments(false))});
+        CHECK_MSG(c.success, describe(c));
+        std::vector<unsigned char> joined;
+        for (std::size_t i = first; i < parts.size(); ++i)
+          joined.insert(joined.end(), parts[i]->data(), parts[i]->data() + parts[i]->size());
+        CHECK(joined == bytes);
+      }
+      // And a contiguous load reads the segment-written file.
+      Memory flat(total, 9);
+      CHECK(kvtest::load(engine, ++job, seg_path, "seg", flat.data(), total).success);
+      CHECK(flat.equals(bytes));
+      // Damage is caught on the segment path too.
+      flip_byte(seg_path, static_cast<off_t>(4096 + total - 1));
+      c = kvtest::run_job(engine, ++job, Direction::kLoad,
+                          {seg_block(seg_path, make_segments(false))});
+      CHECK(!c.success);
+      CHECK_EQ(c.error.errno_value, EBADMSG);
+      CHECK(!kvtest::file_exists(seg_path));
     }
-    // And a contiguous load reads the segment-written file.
-    Memory flat(total, 9);
-    CHECK(kvtest::load(engine, ++job, seg_path, "seg", flat.data(), total).success);
-    CHECK(flat.equals(bytes));
-    // Damage is caught on the segment path too.
-    flip_byte(seg_path, 4096 + 70000);
-    c = kvtest::run_job(engine, ++job, Direction::kLoad,
-                        {seg_block(seg_path, make_segments(false))});
-    CHECK(!c.success);
-    CHECK_EQ(c.error.errno_value, EBADMSG);
-    CHECK(!kvtest::file_exists(seg_path));
   }
 }
 

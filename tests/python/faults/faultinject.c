@@ -10,8 +10,13 @@
  *                       covers mkdir/mkdirat, open_direct only opens with O_DIRECT and, like
  *                       ramfs or a FUSE client, creates the file before failing an O_CREAT
  *                       open, openat2 fails the raw openat2 system call (made through
- *                       syscall()), slow_pwrite sleeps KVTIER_FAULT_DELAY_MS before each
- *                       matching write and then lets it through)
+ *                       syscall()); open and open_direct also fail openat2 of a file,
+ *                       slow_pwrite sleeps KVTIER_FAULT_DELAY_MS before each
+ *                       matching write and then lets it through, unlink_created lets an
+ *                       O_CREAT openat succeed and then removes the new name, as a sweep in
+ *                       another PID namespace may before the writer locks its tmp file,
+ *                       rename_created renames the new name to <name>.moved instead, as
+ *                       NFS does when a file open on the host is unlinked)
  *   KVTIER_FAULT_MATCH  substring of the path (for descriptor calls: the path the descriptor
  *                       refers to; for *at calls: the directory's path joined with the
  *                       name); empty or unset matches every path
@@ -32,6 +37,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,14 +153,31 @@ int open64(const char* path, int flags, ...) {
   return ((real_open_t)dlsym(RTLD_NEXT, "open64"))(path, flags, mode);
 }
 
+/* After a successful create: "unlink_created" removes the name it just made,
+ * "rename_created" moves it to <name>.moved (the file stays linked). */
+static int after_create(int fd, int dirfd, const char* path, const char* full, int flags) {
+  if (fd < 0 || !(flags & O_CREAT) || !path_matches(full)) return fd;
+  if (fault_is("unlink_created") && claim("unlink_created", full)) unlinkat(dirfd, path, 0);
+  if (fault_is("rename_created") && claim("rename_created", full)) {
+    char moved[8192];
+    snprintf(moved, sizeof(moved), "%s.moved", path);
+    int (*real_renameat)(int, const char*, int, const char*) =
+        (int (*)(int, const char*, int, const char*))dlsym(RTLD_NEXT, "renameat");
+    real_renameat(dirfd, path, dirfd, moved);
+  }
+  return fd;
+}
+
 int openat(int dirfd, const char* path, int flags, ...) {
   va_list ap;
   va_start(ap, flags);
   mode_t mode = mode_arg(flags, ap);
   va_end(ap);
   char full[8192];
-  if (open_fault(dirfd, at_path(dirfd, path, full, sizeof(full)), flags, mode)) return -1;
-  return ((real_openat_t)dlsym(RTLD_NEXT, "openat"))(dirfd, path, flags, mode);
+  const char* named = at_path(dirfd, path, full, sizeof(full));
+  if (open_fault(dirfd, named, flags, mode)) return -1;
+  int fd = ((real_openat_t)dlsym(RTLD_NEXT, "openat"))(dirfd, path, flags, mode);
+  return after_create(fd, dirfd, path, named, flags);
 }
 
 int openat64(int dirfd, const char* path, int flags, ...) {
@@ -163,8 +186,10 @@ int openat64(int dirfd, const char* path, int flags, ...) {
   mode_t mode = mode_arg(flags, ap);
   va_end(ap);
   char full[8192];
-  if (open_fault(dirfd, at_path(dirfd, path, full, sizeof(full)), flags, mode)) return -1;
-  return ((real_openat_t)dlsym(RTLD_NEXT, "openat64"))(dirfd, path, flags, mode);
+  const char* named = at_path(dirfd, path, full, sizeof(full));
+  if (open_fault(dirfd, named, flags, mode)) return -1;
+  int fd = ((real_openat_t)dlsym(RTLD_NEXT, "openat64"))(dirfd, path, flags, mode);
+  return after_create(fd, dirfd, path, named, flags);
 }
 
 /* ---- pwrite / pread -------------------------------------------------------------------- */
@@ -343,13 +368,18 @@ long syscall(long number, ...) {
   for (int i = 0; i < 6; ++i) a[i] = va_arg(ap, long);
   va_end(ap);
 #ifdef SYS_openat2
-  if (number == SYS_openat2 && fault_is("openat2")) {
+  if (number == SYS_openat2) {
     char full[8192];
     const char* path = at_path((int)a[0], (const char*)a[1], full, sizeof(full));
-    if (path_matches(path) && claim("openat2", path)) {
+    const struct open_how* how = (const struct open_how*)a[2];
+    if (fault_is("openat2") && path_matches(path) && claim("openat2", path)) {
       errno = fault_errno();
       return -1;
     }
+    /* A file opened in one openat2 meets the open faults as an openat would. */
+    if (!(how->flags & O_DIRECTORY) &&
+        open_fault((int)a[0], path, (int)how->flags, (mode_t)how->mode))
+      return -1;
   }
 #endif
   return REAL(syscall)(number, a[0], a[1], a[2], a[3], a[4], a[5]);
