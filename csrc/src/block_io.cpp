@@ -14,6 +14,7 @@
 #include <kvtier/format.hpp>
 
 #include "beneath.hpp"
+#include "block_steps.hpp"
 #include "header.hpp"
 #include "posix_io.hpp"
 
@@ -25,6 +26,8 @@ alignas(kAlignment) const unsigned char kZeroPage[kAlignment] = {};
 bool is_aligned(const void* p) noexcept {
   return reinterpret_cast<std::uintptr_t>(p) % kAlignment == 0;
 }
+
+}  // namespace
 
 // Payloads that cannot go to the file in place move through a staging buffer as segments:
 // the op's own segments, or its contiguous buffer as one host segment when O_DIRECT meets
@@ -38,7 +41,7 @@ const std::vector<Segment>* staged_segments(const BlockOp& op, bool direct,
 }
 
 BlockResult failure(int error, const char* operation, const std::string& path,
-                    std::string message = {}) {
+                    std::string message) {
   BlockResult r;
   r.error = error;
   r.operation = operation;
@@ -46,6 +49,8 @@ BlockResult failure(int error, const char* operation, const std::string& path,
   r.message = std::move(message);
   return r;
 }
+
+namespace {
 
 // A step that failed: errno-style code, the step's name and optional detail.
 struct StepError {
@@ -175,16 +180,7 @@ class SegmentCopier {
 
 // ---- opening ------------------------------------------------------------------------------
 
-// Where a block lives: its directory, opened beneath the root without following links, and
-// its name there. Every later step works relative to `dir`, so nothing that happens to the
-// path afterwards can redirect the operation.
-struct Location {
-  FileDescriptor dir;
-  std::string dir_path;  // absolute, for messages
-  std::string name;
-
-  std::string path_of(const std::string& entry) const { return dir_path + "/" + entry; }
-};
+}  // namespace
 
 bool locate(const IoContext& ctx, const std::string& path, bool create, Location& out,
             BlockResult& result) {
@@ -242,6 +238,8 @@ FileDescriptor open_at(const IoContext& ctx, const Location& loc, const std::str
     return {};
   }
 }
+
+namespace {
 
 // ---- store --------------------------------------------------------------------------------
 
@@ -307,6 +305,8 @@ StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, co
   return {pwritev_full(fd, {{worker.header.data(), kHeaderSize}}, 0), "pwrite"};
 }
 
+}  // namespace
+
 // Renames without replacing an existing file, so the first writer of a key wins and later
 // ones become dedups. File systems without RENAME_NOREPLACE fall back to rename(), which
 // replaces a file holding the same bytes. Both names are in `dir`: no path is re-resolved.
@@ -353,6 +353,8 @@ FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string
   result = failure(ENOENT, "lock", loc.path_of(tmp), "tmp file removed by another process");
   return {};
 }
+
+namespace {
 
 BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                              cuda::Event ready) {
