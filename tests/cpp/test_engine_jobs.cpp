@@ -64,6 +64,9 @@ KV_TEST(configuration_is_validated) {
 KV_TEST(round_trip_and_stats) {
   TempDir dir;
   Engine engine(kvtest::engine_config(dir));
+  // The engine under test is the one in use (the io_uring variant skips where it is refused).
+  CHECK(engine.io_engine() == kvtest::io_engine_under_test());
+  CHECK(engine.io_engine_fallback_reason().empty());
   const auto bytes = kvtest::pattern(10000, 5);
   const std::string path = dir / "a/b/c/block";  // parent directories are created
   const Completion s = kvtest::store(engine, 1, path, "key-1", bytes.data(), bytes.size());

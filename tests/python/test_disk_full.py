@@ -54,6 +54,18 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True, timeout=60)
 
 
+@pytest.fixture(params=["psync", "io_uring"])
+def io_engine(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each disk-full test runs on both I/O engines (io_uring skips where it is refused)."""
+    if request.param == "io_uring":
+        probe = core.Engine(str(tmp_path / "probe"), n_read_threads=1, n_write_threads=0)
+        reason = probe.io_engine_fallback_reason
+        probe.shutdown()
+        if reason:
+            pytest.skip(f"io_uring is refused here: {reason}")
+    return request.param
+
+
 def collect_one(engine: Any, job_id: int) -> Any:
     deadline = time.monotonic() + WAIT_S
     while True:
@@ -89,13 +101,15 @@ def tmp_files(root: Path) -> list[Path]:
     "o_direct,aligned", [(False, True), (False, False), ("auto", True), ("auto", False)]
 )
 def test_store_hitting_enospc_fails_cleanly_and_earlier_blocks_survive(
-    small_disk: Path, o_direct: Any, aligned: bool
+    small_disk: Path, o_direct: Any, aligned: bool, io_engine: str
 ) -> None:
     root = small_disk / "root"
     n = 40  # well past what 4 MiB holds
     _src_owner, src = rows(n, aligned, seed=99)
     _dst_owner, dst = rows(n, aligned, seed=None)
-    engine = core.Engine(str(root), o_direct=o_direct, n_read_threads=1, n_write_threads=1)
+    engine = core.Engine(
+        str(root), o_direct=o_direct, n_read_threads=1, n_write_threads=1, io_engine=io_engine
+    )
     try:
         failed_at = None
         for i in range(n):
@@ -142,12 +156,16 @@ def test_store_hitting_enospc_fails_cleanly_and_earlier_blocks_survive(
 
 
 @pytest.mark.parametrize("o_direct", [False, "auto"])
-def test_one_job_overflowing_the_disk_reports_each_block(small_disk: Path, o_direct: Any) -> None:
+def test_one_job_overflowing_the_disk_reports_each_block(
+    small_disk: Path, o_direct: Any, io_engine: str
+) -> None:
     root = small_disk / "root"
     n = 24
     _src_owner, src = rows(n, True, seed=5)
     _dst_owner, dst = rows(n, True, seed=None)
-    engine = core.Engine(str(root), o_direct=o_direct, n_read_threads=1, n_write_threads=2)
+    engine = core.Engine(
+        str(root), o_direct=o_direct, n_read_threads=1, n_write_threads=2, io_engine=io_engine
+    )
     try:
         blocks = [
             (block(root, i)[0], block(root, i)[1], src.ctypes.data + i * ROW, ROW) for i in range(n)
