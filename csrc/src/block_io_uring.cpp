@@ -158,15 +158,19 @@ Disposition prepare_store(const IoContext& ctx, Ring& ring, Block& b, unsigned i
   encode_header(header, op.key, config.fingerprint, op.length, config.checksum, crc);
   lay_out(b, header, pages + kHeaderSize, /*is_load=*/false);
 
+  // The last entry of a chain must not link: it would link to the next block's chain.
   const bool data_sync = config.durability != Durability::kNone;
   const bool dir_sync = config.durability == Durability::kFull;
-  io_uring_sqe* sqe = next_sqe(ring, index, kData, IORING_OP_WRITEV, b.fd.get(), IOSQE_IO_LINK);
+  io_uring_sqe* sqe = next_sqe(ring, index, kData, IORING_OP_WRITEV, b.fd.get(),
+                               data_sync || kRingClosesFiles ? IOSQE_IO_LINK : 0);
   sqe->addr = reinterpret_cast<__u64>(b.iov);
   sqe->len = b.iov_count;
   if (data_sync) {
-    sqe = next_sqe(ring, index, kSync, IORING_OP_FSYNC, b.fd.get(), IOSQE_IO_LINK);
+    sqe = next_sqe(ring, index, kSync, IORING_OP_FSYNC, b.fd.get(),
+                   kRingClosesFiles ? IOSQE_IO_LINK : 0);
     sqe->fsync_flags = IORING_FSYNC_DATASYNC;
   }
+  if (!kRingClosesFiles) return Disposition::kQueued;  // close and rename: see finish_store
   next_sqe(ring, index, kClose, IORING_OP_CLOSE, b.fd.get(), IOSQE_IO_LINK);
   sqe = next_sqe(ring, index, kRename, IORING_OP_RENAMEAT, b.loc.dir.get(),
                  dir_sync ? IOSQE_IO_LINK : 0);
@@ -198,7 +202,10 @@ void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
   }
   if (config.durability != Durability::kNone && res[kSync] < 0)
     return fail_store(b, -res[kSync], "fdatasync");
-  if (res[kClose] < 0) return fail_store(b, -res[kClose], "close");
+  // Steps the ring did not run (cancelled, or never queued) run here, in the same order.
+  int closed = res[kClose];
+  if (closed == -ECANCELED) closed = -b.fd.close_checked();
+  if (closed < 0) return fail_store(b, -closed, "close");
   bool already_there = false;
   const int renamed = res[kRename];
   if (renamed == -EEXIST) {
@@ -264,18 +271,19 @@ Disposition prepare_load(const IoContext& ctx, Ring& ring, Block& b, unsigned in
   }
   lay_out(b, pages, pages + kHeaderSize, /*is_load=*/true);
   // A hard link: the close runs whatever the read did, so no descriptor outlives the batch.
-  io_uring_sqe* sqe =
-      next_sqe(ring, index, kData, IORING_OP_READV, b.fd.get(), IOSQE_IO_HARDLINK);
+  io_uring_sqe* sqe = next_sqe(ring, index, kData, IORING_OP_READV, b.fd.get(),
+                               kRingClosesFiles ? IOSQE_IO_HARDLINK : 0);
   sqe->addr = reinterpret_cast<__u64>(b.iov);
   sqe->len = b.iov_count;
-  next_sqe(ring, index, kClose, IORING_OP_CLOSE, b.fd.get(), 0);
+  if (kRingClosesFiles) next_sqe(ring, index, kClose, IORING_OP_CLOSE, b.fd.get(), 0);
   return Disposition::kQueued;
 }
 
 void finish_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Event ready) {
   const EngineConfig& config = *ctx.config;
   const BlockOp& op = *b.op;
-  if (b.res[kClose] != -ECANCELED) b.fd.release();  // a read-only close has nothing to report
+  // Closed by the ring unless it never ran there; a read-only close has nothing to report.
+  if (b.res[kClose] != -ECANCELED) b.fd.release();
   b.fd.reset();
   const int got = b.res[kData];
   if (got < 0 && got != -EINTR && got != -EAGAIN) {
