@@ -128,6 +128,14 @@ void check_store_failed(const Completion& c, int error, const std::string& opera
 
 const std::vector<unsigned char> kBytes = kvtest::pattern(3 * 4096 + 100, 7);
 
+// Loads the block under `fault` and checks that it arrives byte-exact.
+void check_loads_back(const TempDir& dir, Fault& fault) {
+  std::vector<unsigned char> back(kBytes.size());
+  const Completion c = load_with(dir, fault, back);
+  CHECK_MSG(c.success, kvtest::describe(c));
+  CHECK(back == kBytes);
+}
+
 }  // namespace
 
 KV_TEST(write_enospc_and_eio_fail_the_store_and_remove_the_tmp_file) {
@@ -148,12 +156,9 @@ KV_TEST(short_write_eintr_and_eagain_are_retried) {
     f.result = result;
     const Completion c = store_with(dir, f, kBytes);
     CHECK_MSG(c.success, kvtest::describe(c));
-    std::vector<unsigned char> back(kBytes.size());
     Fault none;
     none.times = 0;
-    const Completion l = load_with(dir, none, back);
-    CHECK_MSG(l.success, kvtest::describe(l));
-    CHECK(back == kBytes);
+    check_loads_back(dir, none);
   }
 }
 
@@ -243,10 +248,7 @@ KV_TEST(short_read_eintr_and_eagain_are_retried) {
     Fault f;
     f.opcode = IORING_OP_READV;
     f.result = result;
-    std::vector<unsigned char> back(kBytes.size());
-    const Completion c = load_with(dir, f, back);
-    CHECK_MSG(c.success, kvtest::describe(c));
-    CHECK(back == kBytes);
+    check_loads_back(dir, f);
   }
 }
 
