@@ -12,10 +12,12 @@ with the name.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,29 @@ from kvtier import _core as core
 FAULTS = Path(__file__).resolve().parent / "faults"
 CHILD_TIMEOUT_S = 120
 ROW = 3 * 4096 + 777  # not a multiple of the page size
+
+
+# The interposer sees libc calls. The io_uring engine makes these through the ring instead,
+# out of its sight: their faults are injected at the ring (tests/cpp/test_uring_faults.cpp).
+RING_CALLS = {"pwrite", "pread", "rename", "renameat2", "fdatasync", "fsync"}
+IO_ENGINE_ENV = "KVTIER_TEST_FAULTS_IO_ENGINE"
+
+
+@functools.cache
+def _io_uring_refusal() -> str:
+    with tempfile.TemporaryDirectory() as root:
+        probe = core.Engine(root, n_read_threads=1, n_write_threads=0)
+        probe.shutdown()
+        return probe.io_engine_fallback_reason
+
+
+@pytest.fixture(autouse=True, params=["psync", "io_uring"])
+def io_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every fault test runs on both I/O engines (run_child passes it to the child)."""
+    if request.param == "io_uring" and _io_uring_refusal():
+        pytest.skip(f"io_uring is refused here: {_io_uring_refusal()}")
+    monkeypatch.setenv(IO_ENGINE_ENV, request.param)
+    return request.param
 
 
 class Child:
@@ -64,6 +89,10 @@ def run_child(
     spec.setdefault("engine", {})
     spec["engine"].setdefault("n_read_threads", 2)
     spec["engine"].setdefault("n_write_threads", 2)
+    io_engine = os.environ.get(IO_ENGINE_ENV, "psync")
+    if io_engine == "io_uring" and fault in RING_CALLS:
+        pytest.skip(f"io_uring makes {fault} through the ring (tests/cpp/test_uring_faults.cpp)")
+    spec["engine"].setdefault("io_engine", io_engine)
     proc = subprocess.run(
         [sys.executable, str(FAULTS / "child.py"), json.dumps(spec)],
         check=False,
