@@ -35,12 +35,13 @@ struct BlockResult {
 struct IoContext {
   const EngineConfig* config = nullptr;
   bool direct = false;           ///< open block files with O_DIRECT
-  IoEngine io_engine = IoEngine::kPsync;  ///< kIoUring: workers make rings (never kAuto)
   const RootDir* root = nullptr;  ///< block paths must lie below it; resolved from it
   mode_t directory_mode = 0700;   ///< for directories created on the way to a block
   StagingPool* staging = nullptr;
   const cuda::Api* cuda = nullptr;  ///< set when device segments are allowed
   int cuda_device = 0;
+  /// kIoUring: the workers make rings (the engine in use, never kAuto).
+  IoEngine io_engine = IoEngine::kPsync;
 };
 
 /// What each worker owns, so the hot path allocates nothing: scratch pages, once it has moved

@@ -152,8 +152,7 @@ Disposition prepare_store(const IoContext& ctx, Ring& ring, Block& b, unsigned i
     fail_store(b, errno, "dup");
     return Disposition::kDone;
   }
-  const std::uint32_t crc =
-      config.checksum == Checksum::kCrc32c ? crc32c(op.data, op.length) : 0;
+  const std::uint32_t crc = config.checksum == Checksum::kCrc32c ? crc32c(op.data, op.length) : 0;
   unsigned char* header = pages;
   encode_header(header, op.key, config.fingerprint, op.length, config.checksum, crc);
   lay_out(b, header, pages + kHeaderSize, /*is_load=*/false);
@@ -192,7 +191,8 @@ void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
   // close reported an error).
   if (res[kClose] != -ECANCELED) b.fd.release();
   const int written = res[kData];
-  if (written < 0 && written != -EINTR && written != -EAGAIN) return fail_store(b, -written, "pwrite");
+  if (written < 0 && written != -EINTR && written != -EAGAIN)
+    return fail_store(b, -written, "pwrite");
   if (written < 0 || static_cast<std::size_t>(written) < b.want) {
     // What pwritev_full would retry: start over on the psync path with a fresh tmp file.
     discard_tmp(b);
@@ -296,7 +296,8 @@ void finish_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Ev
     const auto* header = static_cast<const unsigned char*>(b.iov[0].iov_base);
     auto* data = static_cast<unsigned char*>(op.data);
     const std::size_t body = b.direct ? op.length / kAlignment * kAlignment : op.length;
-    if (body < op.length) std::memcpy(data + body, b.iov[b.iov_count - 1].iov_base, op.length - body);
+    if (body < op.length)
+      std::memcpy(data + body, b.iov[b.iov_count - 1].iov_base, op.length - body);
     DecodedHeader decoded;
     good = verify_header(header, op.key, config.fingerprint, op.payload_length(), decoded).empty();
     if (good && config.checksum == Checksum::kCrc32c &&
@@ -364,11 +365,12 @@ void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
     for (int& r : b.res) r = -ECANCELED;  // steps that were never queued
     unsigned char* pages = worker.batch_pages.data() + i * kPagesPerBlock;
     try {
-      b.how = is_load ? prepare_load(ctx, *ring, b, i, pages)
-                      : prepare_store(ctx, *ring, b, i, pages);
+      b.how =
+          is_load ? prepare_load(ctx, *ring, b, i, pages) : prepare_store(ctx, *ring, b, i, pages);
     } catch (const std::bad_alloc&) {
-      // Nothing is queued before the last allocation of a prepare step.
-      if (!is_load && b.lock_holder) discard_tmp(b);
+      // Nothing is queued before the last allocation of a prepare step; a tmp file it made
+      // goes (a load's descriptors close with the Block).
+      if (!is_load && b.fd) discard_tmp(b);
       results[i] = failure(ENOMEM, is_load ? "load" : "store", b.op->path, "out of memory");
       b.how = Disposition::kDone;
     }
@@ -378,8 +380,8 @@ void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
   for (unsigned i = 0; i < n; ++i) {
     Block& b = blocks[i];
     if (b.how == Disposition::kPsync) {
-      results[i] = is_load ? load_block(ctx, worker, *b.op, ready)
-                           : store_block(ctx, worker, *b.op, ready);
+      results[i] =
+          is_load ? load_block(ctx, worker, *b.op, ready) : store_block(ctx, worker, *b.op, ready);
     } else if (b.how == Disposition::kQueued) {
       try {
         is_load ? finish_load(ctx, worker, b, ready) : finish_store(ctx, worker, b, ready);

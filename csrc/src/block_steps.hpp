@@ -57,7 +57,7 @@ int publish(int dir, const std::string& tmp, const std::string& final_name, bool
 
 /// Creates this writer's tmp file next to the block and locks it (OFD lock), so a sweep never
 /// removes a live writer's file; sets `tmp` to its name. On failure fills `result`.
-FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string& tmp,
-                          bool& direct, BlockResult& result);
+FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string& tmp, bool& direct,
+                          BlockResult& result);
 
 }  // namespace kvtier::detail

@@ -90,8 +90,8 @@ int Ring::init(unsigned entries) noexcept {
   if (single) {
     cq_map_ = sq_map_;
   } else {
-    void* cq = ::mmap(nullptr, cq_map_size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                      fd, IORING_OFF_CQ_RING);
+    void* cq = ::mmap(nullptr, cq_map_size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+                      IORING_OFF_CQ_RING);
     if (cq == MAP_FAILED) return errno;
     cq_map_ = cq;
   }
@@ -152,8 +152,8 @@ int Ring::submit_and_wait(unsigned wait) noexcept {
                filter(sqe, result, g_filter_arg.load(std::memory_order_relaxed))) {
       // A NOP with a byte count does not break a link, but a short read or write does: the
       // kernel would cancel the next linked entry (and with it the rest of the chain).
-      const bool breaks_link = (sqe.flags & IOSQE_IO_LINK) != 0 &&
-                               (sqe.flags & IOSQE_IO_HARDLINK) == 0;
+      const bool breaks_link =
+          (sqe.flags & IOSQE_IO_LINK) != 0 && (sqe.flags & IOSQE_IO_HARDLINK) == 0;
       if (sqe.opcode == IORING_OP_CLOSE) {
         // A close that reports an error has released the descriptor all the same: the real
         // close runs (in its place in the chain) and only its result is rewritten.
@@ -188,7 +188,7 @@ int probe_io_uring(std::string& reason) noexcept {
   Ring ring;
   if (int e = ring.init(4)) {
     reason = std::string("io_uring_setup failed: ") + std::strerror(e) +
-             (e == EPERM   ? " (disabled by sysctl kernel.io_uring_disabled or a seccomp filter)"
+             (e == EPERM    ? " (disabled by sysctl kernel.io_uring_disabled or a seccomp filter)"
               : e == ENOSYS ? " (kernel without io_uring)"
                             : "");
     return e;

@@ -16,8 +16,8 @@
 
 #include <kvtier/kvtier.hpp>
 
-#include "engine_helpers.hpp"
 #include "block_io.hpp"
+#include "engine_helpers.hpp"
 #include "harness.hpp"
 #include "uring.hpp"
 
@@ -115,7 +115,8 @@ void store_plain(const TempDir& dir, const std::vector<unsigned char>& bytes) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 void check_store_failed(const Completion& c, int error, const std::string& operation,
