@@ -1,4 +1,4 @@
-"""The I/O engine of the native core: ``io_engine="auto" | "io_uring" | "psync"``.
+"""The I/O engine of the native core (`_core.Engine`): ``io_engine="auto" | "io_uring" | "psync"``.
 
 Where the kernel refuses io_uring (sysctl ``kernel.io_uring_disabled``, a seccomp filter, no
 io_uring at all), ``auto`` falls back to psync and keeps the kernel's reason, and ``io_uring``
