@@ -14,6 +14,7 @@
 #include <kvtier/format.hpp>
 
 #include "beneath.hpp"
+#include "block_steps.hpp"
 #include "header.hpp"
 #include "posix_io.hpp"
 
@@ -40,6 +41,8 @@ bool in_place(const std::vector<Segment>& segments, bool direct) {
   return true;
 }
 
+}  // namespace
+
 // Payloads that cannot go to the file in place move through a staging buffer as segments:
 // the op's own segments when they hold device memory or, with O_DIRECT, unaligned host
 // memory; or its contiguous buffer as one host segment when O_DIRECT meets unaligned memory.
@@ -51,6 +54,8 @@ const std::vector<Segment>* staged_segments(const BlockOp& op, bool direct,
   scratch = {{op.data, op.length, MemoryKind::kHost}};
   return &scratch;
 }
+
+namespace {
 
 // The host memory a payload that goes in place occupies: the op's segments, or its contiguous
 // buffer as one segment.
@@ -102,8 +107,10 @@ std::uint32_t payload_crc(const std::vector<Segment>& payload) {
   return crc;
 }
 
+}  // namespace
+
 BlockResult failure(int error, const char* operation, const std::string& path,
-                    std::string message = {}) {
+                    std::string message) {
   BlockResult r;
   r.error = error;
   r.operation = operation;
@@ -111,6 +118,8 @@ BlockResult failure(int error, const char* operation, const std::string& path,
   r.message = std::move(message);
   return r;
 }
+
+namespace {
 
 // A step that failed: errno-style code, the step's name and optional detail.
 struct StepError {
@@ -240,25 +249,7 @@ class SegmentCopier {
 
 // ---- opening ------------------------------------------------------------------------------
 
-// Where a block lives: its directory, opened beneath the root without following links, and
-// its name there. Every later step works relative to `dir`, so nothing that happens to the
-// path afterwards can redirect the operation.
-//
-// The directory is resolved for every store, not kept open between blocks. A descriptor
-// held across blocks keeps pointing at its directory wherever that directory is moved: a
-// tenant who can rename entries of a shared root (file_mode 0o660/0o666, or a root_dir
-// writable by others) could move a fan-out directory out of the root, and every later store
-// of it would land outside root_dir; checking a cached descriptor is still beneath the root
-// takes a resolution per level, no cheaper than this one openat2. It would also rarely hit:
-// keys hash uniformly over 65,536 leaf directories. Creating directories is already paid
-// once: openat2 succeeds in one call once they exist, and only ENOENT walks and mkdirs.
-struct Location {
-  FileDescriptor dir;
-  std::string dir_path;  // absolute, for messages
-  std::string name;
-
-  std::string path_of(const std::string& entry) const { return dir_path + "/" + entry; }
-};
+}  // namespace
 
 bool locate(const IoContext& ctx, const std::string& path, bool create, Location& out,
             BlockResult& result) {
@@ -317,6 +308,8 @@ FileDescriptor open_at(const IoContext& ctx, const Location& loc, const std::str
   }
 }
 
+namespace {
+
 // ---- store --------------------------------------------------------------------------------
 
 void encode(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, std::size_t length,
@@ -365,6 +358,8 @@ StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, co
   encode(ctx, worker, op, total, crc);
   return {pwritev_full(fd, {{worker.header.data(), kHeaderSize}}, 0), "pwrite"};
 }
+
+}  // namespace
 
 // Renames without replacing an existing file, so the first writer of a key wins and later
 // ones become dedups: this is the store's only existence check. File systems without
@@ -419,6 +414,8 @@ FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string
   result = failure(ENOENT, "lock", loc.path_of(tmp), "tmp file removed by another process");
   return {};
 }
+
+namespace {
 
 BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                              cuda::Event ready, bool retry_vanished = true) {

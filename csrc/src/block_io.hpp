@@ -2,7 +2,9 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <kvtier/config.hpp>
@@ -11,6 +13,7 @@
 #include "beneath.hpp"
 #include "cuda_runtime.hpp"
 #include "staging_pool.hpp"
+#include "uring.hpp"
 
 namespace kvtier::detail {
 
@@ -37,10 +40,13 @@ struct IoContext {
   StagingPool* staging = nullptr;
   const cuda::Api* cuda = nullptr;  ///< set when device segments are allowed
   int cuda_device = 0;
+  /// kIoUring: the workers make rings (the engine in use, never kAuto).
+  IoEngine io_engine = IoEngine::kPsync;
 };
 
-/// What each worker owns, so the hot path allocates nothing: scratch pages and, once it has
-/// moved device memory, its own CUDA stream (so workers' copies overlap).
+/// What each worker owns, so the hot path allocates nothing: scratch pages, once it has moved
+/// device memory its own CUDA stream (so workers' copies overlap), and with the io_uring
+/// engine its own ring (made on the worker thread, the only one that submits to it).
 class WorkerContext {
  public:
   explicit WorkerContext(const IoContext& ctx) : ctx_(ctx) {}
@@ -51,12 +57,20 @@ class WorkerContext {
   /// The worker's stream, created on first use. Returns 0 or a CUDA error.
   cuda::Error stream(cuda::Stream& out);
 
+  /// The worker's io_uring, set up on first use; null with the psync engine, or when the
+  /// kernel refused this worker a ring (it then works with psync, like the engine's fallback).
+  Ring* ring() noexcept;
+
   AlignedBuffer header{kHeaderSize};
   AlignedBuffer tail{kAlignment};
+  /// With a ring: a header page and a tail page for each block of a batch.
+  AlignedBuffer batch_pages;
 
  private:
   const IoContext& ctx_;
   cuda::Stream stream_ = nullptr;
+  std::unique_ptr<Ring> ring_;
+  bool ring_tried_ = false;
 };
 
 /// Writes one block file (tmp file + rename). `ready` (may be null) is an event recorded on
@@ -69,5 +83,32 @@ BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const Block
 /// A file that fails verification is removed; the destination memory is then unspecified.
 BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                        cuda::Event ready) noexcept;
+
+// ThreadSanitizer tracks descriptors through the close() it intercepts and cannot see a close
+// the kernel does for the ring: another thread's reuse of the number looks like a race to it.
+// Under TSan the close (and with it the rename, which must follow it) runs synchronously, as
+// the io_uring engine does for any step the ring did not run; other builds close in the ring.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kRingClosesFiles = false;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kRingClosesFiles = false;
+#else
+inline constexpr bool kRingClosesFiles = true;
+#endif
+#else
+inline constexpr bool kRingClosesFiles = true;
+#endif
+
+/// The largest number of blocks one call of run_blocks takes (a worker's batch).
+inline constexpr std::size_t kMaxBatchBlocks = 8;
+
+/// Runs `n` (at most kMaxBatchBlocks) blocks of one job, all loads or all stores, and sets
+/// `results[i]` for `ops[i]`. With a ring the blocks' operations reach the kernel in one
+/// submission (block_io_uring.cpp); without one they run one after another with psync.
+/// Never throws.
+void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
+                const BlockOp* const* ops, std::size_t n, cuda::Event ready,
+                BlockResult* results) noexcept;
 
 }  // namespace kvtier::detail

@@ -33,6 +33,7 @@ inline kvtier::EngineConfig engine_config(const TempDir& dir,
   c.n_read_threads = readers;
   c.n_write_threads = writers;
   c.fingerprint = "test-fingerprint";
+  c.io_engine = io_engine_under_test();
   return c;
 }
 

@@ -1,5 +1,7 @@
 #include "harness.hpp"
 
+#include "uring.hpp"
+
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,6 +32,14 @@ void fail(const char* file, int line, const std::string& what) {
 
 Registrar::Registrar(const char* name, TestFn fn) {
   registry().emplace_back(name, fn);
+}
+
+kvtier::IoEngine io_engine_under_test() {
+  static const kvtier::IoEngine engine = [] {
+    const char* name = std::getenv("KVTIER_TEST_IO_ENGINE");
+    return kvtier::parse_io_engine(name != nullptr && *name != '\0' ? name : "psync");
+  }();
+  return engine;
 }
 
 TempDir::TempDir() {
@@ -125,6 +135,13 @@ int main(int argc, char** argv) {
       return 0;
     }
     only.emplace_back(argv[i]);
+  }
+  if (kvtest::io_engine_under_test() == kvtier::IoEngine::kIoUring) {
+    std::string reason;
+    if (kvtier::detail::probe_io_uring(reason) != 0) {
+      std::printf("SKIP: the io_uring engine is unavailable here: %s\n", reason.c_str());
+      return 77;  // SKIP_RETURN_CODE in tests/cpp/CMakeLists.txt
+    }
   }
   int run = 0, failed = 0;
   for (auto& [name, fn] : tests) {

@@ -65,6 +65,10 @@ class TempDir {
   std::string path_;
 };
 
+/// The engine the tests run on: KVTIER_TEST_IO_ENGINE ("psync", the default, or "io_uring"),
+/// so that every engine test runs on both (tests/cpp/CMakeLists.txt adds one entry each).
+kvtier::IoEngine io_engine_under_test();
+
 /// Deterministic pseudo-random bytes (seeded), so a failure reproduces.
 std::vector<unsigned char> pattern(std::size_t n, std::uint32_t seed);
 

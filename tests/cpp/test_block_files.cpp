@@ -549,6 +549,7 @@ static int writer_main(const std::string& dir, int keys) {
   config.fingerprint = "test-fingerprint";
   config.n_read_threads = 1;
   config.n_write_threads = 2;
+  config.io_engine = kvtest::io_engine_under_test();
   Engine engine(config);
   const auto bytes = kvtest::pattern(100000, 44);
   for (int k = 0; k < keys; ++k)

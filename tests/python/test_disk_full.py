@@ -89,13 +89,15 @@ def tmp_files(root: Path) -> list[Path]:
     "o_direct,aligned", [(False, True), (False, False), ("auto", True), ("auto", False)]
 )
 def test_store_hitting_enospc_fails_cleanly_and_earlier_blocks_survive(
-    small_disk: Path, o_direct: Any, aligned: bool
+    small_disk: Path, o_direct: Any, aligned: bool, io_engine: str
 ) -> None:
     root = small_disk / "root"
     n = 40  # well past what 4 MiB holds
     _src_owner, src = rows(n, aligned, seed=99)
     _dst_owner, dst = rows(n, aligned, seed=None)
-    engine = core.Engine(str(root), o_direct=o_direct, n_read_threads=1, n_write_threads=1)
+    engine = core.Engine(
+        str(root), o_direct=o_direct, n_read_threads=1, n_write_threads=1, io_engine=io_engine
+    )
     try:
         failed_at = None
         for i in range(n):
@@ -142,12 +144,16 @@ def test_store_hitting_enospc_fails_cleanly_and_earlier_blocks_survive(
 
 
 @pytest.mark.parametrize("o_direct", [False, "auto"])
-def test_one_job_overflowing_the_disk_reports_each_block(small_disk: Path, o_direct: Any) -> None:
+def test_one_job_overflowing_the_disk_reports_each_block(
+    small_disk: Path, o_direct: Any, io_engine: str
+) -> None:
     root = small_disk / "root"
     n = 24
     _src_owner, src = rows(n, True, seed=5)
     _dst_owner, dst = rows(n, True, seed=None)
-    engine = core.Engine(str(root), o_direct=o_direct, n_read_threads=1, n_write_threads=2)
+    engine = core.Engine(
+        str(root), o_direct=o_direct, n_read_threads=1, n_write_threads=2, io_engine=io_engine
+    )
     try:
         blocks = [
             (block(root, i)[0], block(root, i)[1], src.ctypes.data + i * ROW, ROW) for i in range(n)

@@ -27,6 +27,23 @@ CHILD_TIMEOUT_S = 120
 ROW = 3 * 4096 + 777  # not a multiple of the page size
 
 
+# The interposer sees libc calls. The io_uring engine makes these through the ring instead,
+# out of its sight: their faults are injected at the ring (tests/cpp/test_uring_faults.cpp).
+RING_CALLS = {"pwrite", "pread", "rename", "renameat2", "fdatasync", "fsync"}
+IO_ENGINE_ENV = "KVTIER_TEST_FAULTS_IO_ENGINE"
+
+
+@pytest.fixture(autouse=True, params=["psync", "io_uring"])
+def io_engine(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, io_uring_refused: str
+) -> str:
+    """Every fault test runs on both I/O engines (run_child passes it to the child)."""
+    if request.param == "io_uring" and io_uring_refused:
+        pytest.skip(f"io_uring is refused here: {io_uring_refused}")
+    monkeypatch.setenv(IO_ENGINE_ENV, request.param)
+    return request.param
+
+
 class Child:
     """Result of one child run: the JSON it printed and the faults the interposer injected."""
 
@@ -64,6 +81,10 @@ def run_child(
     spec.setdefault("engine", {})
     spec["engine"].setdefault("n_read_threads", 2)
     spec["engine"].setdefault("n_write_threads", 2)
+    io_engine = os.environ.get(IO_ENGINE_ENV, "psync")
+    if io_engine == "io_uring" and fault in RING_CALLS:
+        pytest.skip(f"io_uring makes {fault} through the ring (tests/cpp/test_uring_faults.cpp)")
+    spec["engine"].setdefault("io_engine", io_engine)
     proc = subprocess.run(
         [sys.executable, str(FAULTS / "child.py"), json.dumps(spec)],
         check=False,

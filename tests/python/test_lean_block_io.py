@@ -4,7 +4,9 @@ locked, pids in tmp names after fork, links and moved directories below the root
 replaced while being read, and host segments written from and read into the caller's memory.
 
 Through the public binding (``kvtier._core``); faults through the LD_PRELOAD interposer in
-child processes. No timing or system-call counts are asserted here (those are measured by
+child processes, whose engines use io_engine="psync" (io_uring's writes and renames go
+through the ring, out of the interposer's sight; its faults are injected at the ring in
+tests/cpp/test_uring_faults.cpp). No timing or system-call counts are asserted here (those are measured by
 bench/syscalls_per_block.py).
 """
 
@@ -88,7 +90,9 @@ RACE = textwrap.dedent(
     data = np.frombuffer(mem, dtype=np.uint8)
     data[:row], data[row:] = 1, 2
     base = _core.buffer_address(mem, True)
-    e = _core.Engine(root, n_read_threads=0, n_write_threads=2, o_direct=False)
+    e = _core.Engine(
+        root, n_read_threads=0, n_write_threads=2, o_direct=False, io_engine="psync"
+    )
     path = root + "/ab/block.kvb"
     def wait(job):
         deadline = time.monotonic() + 60
@@ -153,7 +157,9 @@ def test_without_rename_noreplace_an_existing_entry_is_kept(
         root, row = sys.argv[1], int(sys.argv[2])
         data = np.arange(2 * row, dtype=np.uint32).astype(np.uint8)
         base = data.ctypes.data
-        e = _core.Engine(root, n_read_threads=1, n_write_threads=1, o_direct=False)
+        e = _core.Engine(
+            root, n_read_threads=1, n_write_threads=1, o_direct=False, io_engine="psync"
+        )
         out = []
         for job, (name, key, offset, kind) in enumerate([
             ("blk", b"k0", 0, "store"), ("blk", b"k1", row, "store"),
@@ -201,7 +207,9 @@ def test_a_tmp_file_removed_before_it_was_locked_is_written_under_a_new_name(
         root, row = sys.argv[1], int(sys.argv[2])
         src = np.random.default_rng(5).integers(0, 256, row, dtype=np.uint8)
         dst = np.zeros(row, dtype=np.uint8)
-        e = _core.Engine(root, n_read_threads=1, n_write_threads=1, o_direct=False)
+        e = _core.Engine(
+            root, n_read_threads=1, n_write_threads=1, o_direct=False, io_engine="psync"
+        )
         path = root + "/ab/block.kvb"
         out = []
         for job, (kind, buf) in enumerate([("store", src), ("load", dst)]):
@@ -267,7 +275,9 @@ def test_a_used_directory_moved_out_of_the_root_is_never_followed(
         row = 8192
         src = np.random.default_rng(9).integers(0, 256, 3 * row, dtype=np.uint8)
         dst = np.zeros(3 * row, dtype=np.uint8)
-        e = _core.Engine(root, n_read_threads=1, n_write_threads=1, o_direct=False)
+        e = _core.Engine(
+            root, n_read_threads=1, n_write_threads=1, o_direct=False, io_engine="psync"
+        )
         leaf = root + "/ns/ab"
         def job(n, kind, name, i, buf):
             submit = e.submit_store if kind == "store" else e.submit_load
@@ -318,7 +328,9 @@ def test_a_bad_file_is_not_removed_once_a_good_block_took_its_name(
         root, gate, row = sys.argv[1], sys.argv[2], int(sys.argv[3])
         src = np.random.default_rng(3).integers(0, 256, row, dtype=np.uint8)
         dst = np.zeros(row, dtype=np.uint8)
-        e = _core.Engine(root, n_read_threads=1, n_write_threads=1, o_direct=False)
+        e = _core.Engine(
+            root, n_read_threads=1, n_write_threads=1, o_direct=False, io_engine="psync"
+        )
         path = root + "/ab/block.kvb"
         def wait():
             deadline = time.monotonic() + 60
@@ -469,7 +481,9 @@ def test_host_segments_continue_short_transfers(
         runs = [(i * 64, 40) for i in range(1100)]
         src = np.random.default_rng(2).integers(0, 256, 1100 * 64, dtype=np.uint8)
         dst = np.zeros_like(src)
-        e = _core.Engine(root, n_read_threads=1, n_write_threads=1, o_direct=False)
+        e = _core.Engine(
+            root, n_read_threads=1, n_write_threads=1, o_direct=False, io_engine="psync"
+        )
         out = []
         for job, (d, buf) in enumerate([(_core.Direction.STORE, src),
                                         (_core.Direction.LOAD, dst)]):

@@ -353,8 +353,9 @@ WRITER = textwrap.dedent(
 
     data = np.ones((16, 3000), dtype=np.uint8)
     tier = SecondaryTierFactory.create_secondary_tier(
+        # psync: the interposer slows its pwrite (io_uring writes through the ring)
         {"type": "fs", "root_dir": sys.argv[1], "n_read_threads": 1, "n_write_threads": 4,
-         "o_direct": False},
+         "o_direct": False, "io_engine": "psync"},
         memoryview(data), OffloadingSpec(model_name="org/model-7b", dtype="float16",
                                           kv_layout="NHD"))
     print(json.dumps({"pid": os.getpid()}), flush=True)

@@ -72,10 +72,16 @@ def test_interpreter_exit_with_stores_queued_is_clean(interposer, tmp_path, hold
         assert_exit_finished_the_running_store(tmp_path / str(run))
 
 
+# Blocks one worker runs as a unit: psync takes one; io_uring up to 8 of a job at once
+# (kvtier::detail::kMaxBatchBlocks), all started before the gate holds the first.
+MAX_BATCH_BLOCKS = 8
+
+
 def assert_exit_finished_the_running_store(tmp_path: Path) -> None:
-    # One store was running (held at the gate) and finished; the queued ones were cancelled.
+    # One store batch was running (held at the gate) and finished; the queued ones were
+    # cancelled.
     root = tmp_path / "root"
-    assert len(list(root.rglob("*.kvb"))) == 1
+    assert 1 <= len(list(root.rglob("*.kvb"))) <= MAX_BATCH_BLOCKS
     assert list(root.rglob("*.tmp")) == []
 
 

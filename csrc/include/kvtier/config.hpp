@@ -26,10 +26,12 @@ enum class Durability {
   kFull,  ///< kData, and fsync the directory after the rename
 };
 
-/// How block files are read and written.
+/// How block files are read and written. Both engines write the same files and report the
+/// same failures; io_uring needs no liburing (the core makes the system calls itself).
 enum class IoEngine {
   kAuto,     ///< io_uring where the kernel allows it, otherwise psync (the reason is kept)
-  kIoUring,  ///< require io_uring; the Engine constructor throws if the kernel refuses it
+  kIoUring,  ///< require io_uring; the Engine constructor throws SystemError (the kernel's
+             ///< errno: EPERM when disabled by sysctl or seccomp, ENOSYS without io_uring)
   kPsync,    ///< pread/pwrite system calls from the worker threads
 };
 
@@ -46,6 +48,9 @@ struct EngineConfig {
   unsigned n_write_threads = kMachineThreads;
   ODirectMode o_direct = ODirectMode::kAuto;
   Checksum checksum = Checksum::kCrc32c;
+  /// With io_uring each worker owns a ring and submits up to 8 blocks of one job (2 MiB of
+  /// payload; stores only while no load waits) in one io_uring_enter, each block a linked
+  /// chain (store: writev, [fdatasync], close, rename; load: readv, close).
   IoEngine io_engine = IoEngine::kAuto;
   Durability durability = Durability::kNone;
   /// Permission bits of new block files (block files reveal prompts: private by default);

@@ -1,0 +1,401 @@
+// Block operations on the io_uring engine: a worker's batch of blocks (one job, one direction)
+// reaches the kernel in one io_uring_enter, each block as a linked chain.
+//
+//   store: [sync: open directory, create + OFD-lock the tmp file, dup the lock holder]
+//          writev -> [fdatasync] -> close -> renameat(RENAME_NOREPLACE) -> [fsync directory]
+//   load:  [sync: open directory, open + fstat the block file]  readv => close
+//
+// Steps stay synchronous where a later step needs their result on this thread: the tmp file's
+// lock (no io_uring opcode takes an fcntl lock, and the lock must hold before anything could
+// sweep the file), and the load's fstat, which keeps FIFOs and devices from ever being read
+// (io_uring would wait on a FIFO's poll instead of honouring O_NONBLOCK). So files are opened
+// as ordinary descriptors, not into fixed-file slots. Payloads that need a staging buffer
+// (device segments, unaligned memory under O_DIRECT) take the psync path.
+//
+// Failures keep the psync engine's reports: a step that fails outright is reported with the
+// psync step's name ("pwrite", "pread", "fdatasync", "close", "rename", "fsync"); anything
+// that psync would have retried (a short count, EINTR, EAGAIN) or that needs verification
+// handling (truncated or corrupt file) reruns the whole block through the psync code, which
+// then decides exactly as the psync engine does.
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include <kvtier/files.hpp>
+#include <kvtier/format.hpp>
+
+#include "block_io.hpp"
+#include "block_steps.hpp"
+#include "header.hpp"
+
+namespace kvtier::detail {
+namespace {
+
+// Which step of a block a completion belongs to: user_data = block * kSteps + step.
+enum Step : unsigned { kData, kSync, kClose, kRename, kDirSync, kSteps };
+
+// The ring holds a whole batch: every entry is reaped before the next batch is prepared.
+constexpr unsigned kRingEntries = 64;
+static_assert(kMaxBatchBlocks * kSteps <= kRingEntries);
+
+// Per batch block: one header page and one tail page in the worker's batch pages.
+constexpr std::size_t kPagesPerBlock = kHeaderSize + kAlignment;
+
+enum class Disposition { kDone, kQueued, kPsync };
+
+struct Block {
+  const BlockOp* op = nullptr;
+  BlockResult* out = nullptr;
+  Disposition how = Disposition::kDone;
+  Location loc;
+  std::string tmp;
+  FileDescriptor fd, lock_holder;
+  bool direct = false;
+  bool fell_back = false;
+  iovec iov[3] = {};
+  unsigned iov_count = 0;
+  std::size_t want = 0;  // bytes the read or write must move
+  int res[kSteps] = {};
+};
+
+io_uring_sqe* next_sqe(Ring& ring, unsigned index, Step step, unsigned char opcode, int fd,
+                       unsigned char flags) noexcept {
+  io_uring_sqe* sqe = ring.get_sqe();  // never null: see kRingEntries
+  sqe->opcode = opcode;
+  sqe->fd = fd;
+  sqe->flags = flags;
+  sqe->user_data = index * kSteps + step;
+  return sqe;
+}
+
+// The file's bytes as the psync engine lays them out: header, the payload in place, and a
+// last page through `tail` (O_DIRECT: the partial last page copied and zero-padded; buffered:
+// the zero padding up to the next page for stores). Loads read into the same pieces.
+void lay_out(Block& b, unsigned char* header, unsigned char* tail, bool is_load) {
+  const BlockOp& op = *b.op;
+  auto* data = static_cast<unsigned char*>(op.data);
+  const std::size_t body = b.direct ? op.length / kAlignment * kAlignment : op.length;
+  const std::size_t rest = op.length - body;
+  b.iov_count = 0;
+  b.iov[b.iov_count++] = {header, kHeaderSize};
+  if (body > 0) b.iov[b.iov_count++] = {data, body};
+  std::size_t tail_len = 0;
+  if (rest > 0) {
+    tail_len = kAlignment;
+    if (!is_load) {
+      std::memcpy(tail, data + body, rest);
+      std::memset(tail + rest, 0, kAlignment - rest);
+    }
+  } else if (!is_load && align_up(op.length) != op.length) {
+    tail_len = align_up(op.length) - op.length;
+    std::memset(tail, 0, tail_len);
+  }
+  if (tail_len > 0) b.iov[b.iov_count++] = {tail, tail_len};
+  b.want = 0;
+  for (unsigned i = 0; i < b.iov_count; ++i) b.want += b.iov[i].iov_len;
+}
+
+// ---- store ----------------------------------------------------------------------------------
+
+// Drops everything a store made (the tmp file, its descriptors), as the psync path does on a
+// failure. The lock holder goes last: the name is gone before the lock is released.
+void discard_tmp(Block& b) noexcept {
+  b.fd.reset();
+  ::unlinkat(b.loc.dir.get(), b.tmp.c_str(), 0);
+  b.lock_holder.reset();
+}
+
+void fail_store(Block& b, int error, const char* operation) {
+  discard_tmp(b);
+  *b.out = failure(error, operation, b.loc.path_of(b.tmp));
+  b.out->o_direct_fallback = b.fell_back;
+}
+
+Disposition prepare_store(const IoContext& ctx, Ring& ring, Block& b, unsigned index,
+                          unsigned char* pages) {
+  const BlockOp& op = *b.op;
+  const EngineConfig& config = *ctx.config;
+  // Segmented payloads (in place or staged) and unaligned O_DIRECT buffers take the psync
+  // path; the ring carries one contiguous buffer per block.
+  std::vector<Segment> scratch;
+  if (!op.segments.empty() || staged_segments(op, ctx.direct, scratch) != nullptr)
+    return Disposition::kPsync;
+  BlockResult& result = *b.out;
+  if (!locate(ctx, op.path, /*create=*/true, b.loc, result)) return Disposition::kDone;
+  // No existence check first: like the psync path, the rename (RENAME_NOREPLACE) finds a
+  // block already there, at the price of one wasted write for a duplicate store.
+  b.direct = ctx.direct;
+  b.fd = create_tmp(ctx, b.loc, b.tmp, b.direct, result);
+  if (!b.fd) return Disposition::kDone;
+  b.fell_back = result.o_direct_fallback;
+  // See store_block_impl: fchmod makes a group/other file_mode exact whatever the umask.
+  if ((config.file_mode & 077) != 0 && ::fchmod(b.fd.get(), config.file_mode) != 0) {
+    fail_store(b, errno, "fchmod");
+    return Disposition::kDone;
+  }
+  // The ring closes `fd` before the rename (a close reports deferred write errors, which must
+  // stop the publish); the OFD lock lives on in this duplicate until the tmp name is gone.
+  b.lock_holder = FileDescriptor(::fcntl(b.fd.get(), F_DUPFD_CLOEXEC, 0));
+  if (!b.lock_holder) {
+    fail_store(b, errno, "dup");
+    return Disposition::kDone;
+  }
+  const std::uint32_t crc = config.checksum == Checksum::kCrc32c ? crc32c(op.data, op.length) : 0;
+  unsigned char* header = pages;
+  encode_header(header, op.key, config.fingerprint, op.length, config.checksum, crc);
+  lay_out(b, header, pages + kHeaderSize, /*is_load=*/false);
+
+  // The last entry of a chain must not link: it would link to the next block's chain.
+  const bool data_sync = config.durability != Durability::kNone;
+  const bool dir_sync = config.durability == Durability::kFull;
+  io_uring_sqe* sqe = next_sqe(ring, index, kData, IORING_OP_WRITEV, b.fd.get(),
+                               data_sync || kRingClosesFiles ? IOSQE_IO_LINK : 0);
+  sqe->addr = reinterpret_cast<__u64>(b.iov);
+  sqe->len = b.iov_count;
+  if (data_sync) {
+    sqe = next_sqe(ring, index, kSync, IORING_OP_FSYNC, b.fd.get(),
+                   kRingClosesFiles ? IOSQE_IO_LINK : 0);
+    sqe->fsync_flags = IORING_FSYNC_DATASYNC;
+  }
+  if (!kRingClosesFiles) return Disposition::kQueued;  // close and rename: see finish_store
+  next_sqe(ring, index, kClose, IORING_OP_CLOSE, b.fd.get(), IOSQE_IO_LINK);
+  sqe = next_sqe(ring, index, kRename, IORING_OP_RENAMEAT, b.loc.dir.get(),
+                 dir_sync ? IOSQE_IO_LINK : 0);
+  sqe->addr = reinterpret_cast<__u64>(b.tmp.c_str());
+  sqe->addr2 = reinterpret_cast<__u64>(b.loc.name.c_str());
+  sqe->len = static_cast<__u32>(b.loc.dir.get());
+  sqe->rename_flags = RENAME_NOREPLACE;  // the first writer of a key wins (see publish)
+  if (dir_sync) {
+    // Linked after the rename: a dedup (EEXIST) cancels it, as psync skips it then.
+    next_sqe(ring, index, kDirSync, IORING_OP_FSYNC, b.loc.dir.get(), 0);
+  }
+  return Disposition::kQueued;
+}
+
+void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Event ready) {
+  const EngineConfig& config = *ctx.config;
+  const int* res = b.res;
+  // Unless the close was cancelled, the kernel has released the descriptor (even when the
+  // close reported an error).
+  if (res[kClose] != -ECANCELED) b.fd.release();
+  const int written = res[kData];
+  if (written < 0 && written != -EINTR && written != -EAGAIN)
+    return fail_store(b, -written, "pwrite");
+  if (written < 0 || static_cast<std::size_t>(written) < b.want) {
+    // What pwritev_full would retry: start over on the psync path with a fresh tmp file.
+    discard_tmp(b);
+    *b.out = store_block(ctx, worker, *b.op, ready);
+    b.out->o_direct_fallback |= b.fell_back;
+    return;
+  }
+  if (config.durability != Durability::kNone && res[kSync] < 0)
+    return fail_store(b, -res[kSync], "fdatasync");
+  // Steps the ring did not run (cancelled, or never queued) run here, in the same order.
+  int closed = res[kClose];
+  if (closed == -ECANCELED) closed = -b.fd.close_checked();
+  if (closed < 0) return fail_store(b, -closed, "close");
+  bool already_there = false;
+  const int renamed = res[kRename];
+  if (renamed == -EEXIST) {
+    already_there = true;
+  } else if (renamed == -EINVAL || renamed == -ENOSYS || renamed == -EOPNOTSUPP ||
+             renamed == -ECANCELED) {
+    // No RENAME_NOREPLACE on this file system: publish() knows the fallback.
+    if (int e = publish(b.loc.dir.get(), b.tmp, b.loc.name, already_there))
+      return fail_store(b, e, "rename");
+  } else if (renamed == -ENOENT) {
+    // The tmp name vanished while the file stayed linked (a sweep's unlink of an open file
+    // on NFS is a silly rename): the psync path writes the block again under a new name.
+    discard_tmp(b);
+    *b.out = store_block(ctx, worker, *b.op, ready);
+    b.out->o_direct_fallback |= b.fell_back;
+    return;
+  } else if (renamed < 0) {
+    return fail_store(b, -renamed, "rename");
+  }
+  if (already_there) {
+    ::unlinkat(b.loc.dir.get(), b.tmp.c_str(), 0);
+    struct stat st;
+    if (::fstatat(b.loc.dir.get(), b.loc.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        !S_ISREG(st.st_mode)) {
+      *b.out = not_regular(b.op->path, st.st_mode);
+      b.out->o_direct_fallback = b.fell_back;
+      b.lock_holder.reset();
+      return;
+    }
+  }
+  b.lock_holder.reset();
+  if (config.durability == Durability::kFull && !already_there) {
+    int synced = res[kDirSync];
+    if (synced == -ECANCELED) synced = ::fsync(b.loc.dir.get()) == 0 ? 0 : -errno;
+    if (synced < 0) {
+      *b.out = failure(-synced, "fsync", b.loc.dir_path);
+      b.out->o_direct_fallback = b.fell_back;
+      return;
+    }
+  }
+  *b.out = BlockResult{};
+  b.out->bytes = already_there ? 0 : b.op->payload_length();  // a dedup moved no bytes
+  b.out->dedup = already_there;
+  b.out->o_direct_fallback = b.fell_back;
+}
+
+// ---- load -----------------------------------------------------------------------------------
+
+Disposition prepare_load(const IoContext& ctx, Ring& ring, Block& b, unsigned index,
+                         unsigned char* pages) {
+  const BlockOp& op = *b.op;
+  // Segmented payloads (in place or staged) and unaligned O_DIRECT buffers take the psync
+  // path; the ring carries one contiguous buffer per block.
+  std::vector<Segment> scratch;
+  if (!op.segments.empty() || staged_segments(op, ctx.direct, scratch) != nullptr)
+    return Disposition::kPsync;
+  BlockResult& result = *b.out;
+  if (!locate(ctx, op.path, /*create=*/false, b.loc, result)) return Disposition::kDone;
+  b.direct = ctx.direct;
+  // O_NONBLOCK and the fstat below: see load_block_impl (a FIFO must never hang a worker).
+  b.fd = open_at(ctx, b.loc, b.loc.name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, b.direct,
+                 result);
+  if (!b.fd) return Disposition::kDone;
+  b.fell_back = result.o_direct_fallback;
+  struct stat st;
+  if (::fstat(b.fd.get(), &st) != 0) {
+    result = failure(errno, "fstat", op.path);
+    return Disposition::kDone;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    result = not_regular(op.path, st.st_mode);
+    return Disposition::kDone;
+  }
+  lay_out(b, pages, pages + kHeaderSize, /*is_load=*/true);
+  // A hard link: the close runs whatever the read did, so no descriptor outlives the batch.
+  io_uring_sqe* sqe = next_sqe(ring, index, kData, IORING_OP_READV, b.fd.get(),
+                               kRingClosesFiles ? IOSQE_IO_HARDLINK : 0);
+  sqe->addr = reinterpret_cast<__u64>(b.iov);
+  sqe->len = b.iov_count;
+  if (kRingClosesFiles) next_sqe(ring, index, kClose, IORING_OP_CLOSE, b.fd.get(), 0);
+  return Disposition::kQueued;
+}
+
+void finish_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Event ready) {
+  const EngineConfig& config = *ctx.config;
+  const BlockOp& op = *b.op;
+  // Closed by the ring unless it never ran there; a read-only close has nothing to report.
+  if (b.res[kClose] != -ECANCELED) b.fd.release();
+  b.fd.reset();
+  const int got = b.res[kData];
+  if (got < 0 && got != -EINTR && got != -EAGAIN) {
+    *b.out = failure(-got, "pread", op.path);
+    b.out->o_direct_fallback = b.fell_back;
+    return;
+  }
+  bool good = got >= 0 && static_cast<std::size_t>(got) == b.want;
+  if (good) {
+    const auto* header = static_cast<const unsigned char*>(b.iov[0].iov_base);
+    auto* data = static_cast<unsigned char*>(op.data);
+    const std::size_t body = b.direct ? op.length / kAlignment * kAlignment : op.length;
+    if (body < op.length)
+      std::memcpy(data + body, b.iov[b.iov_count - 1].iov_base, op.length - body);
+    DecodedHeader decoded;
+    good = verify_header(header, op.key, config.fingerprint, op.payload_length(), decoded).empty();
+    if (good && config.checksum == Checksum::kCrc32c &&
+        decoded.checksum_kind == kChecksumKindCrc32c)
+      good = crc32c(op.data, op.length) == decoded.payload_crc;
+  }
+  if (!good) {
+    // A short read, EINTR/EAGAIN or a file that does not verify: the psync path reads it again
+    // and decides (a truncated or corrupt file is then removed and reported as psync does).
+    *b.out = load_block(ctx, worker, op, ready);
+    b.out->o_direct_fallback |= b.fell_back;
+    return;
+  }
+  *b.out = BlockResult{};
+  b.out->bytes = op.payload_length();
+  b.out->o_direct_fallback = b.fell_back;
+}
+
+// Submits the queued chains and waits for every completion, filing results by user_data.
+void complete(Ring& ring, Block* blocks, unsigned queued) noexcept {
+  unsigned reaped = 0;
+  while (reaped < queued) {
+    if (int e = ring.submit_and_wait(queued - reaped)) {
+      // Entries the kernel holds point into this frame: returning would be unsafe. Only
+      // impossible states get here (a bad ring descriptor or argument).
+      std::fprintf(stderr, "kvtier: io_uring_enter failed: %s\n", std::strerror(e));
+      std::abort();
+    }
+    reaped += ring.reap([&](__u64 user_data, int res) {
+      blocks[user_data / kSteps].res[user_data % kSteps] = res;
+    });
+  }
+}
+
+}  // namespace
+
+Ring* WorkerContext::ring() noexcept {
+  if (ring_tried_ || ctx_.io_engine != IoEngine::kIoUring) return ring_.get();
+  ring_tried_ = true;
+  try {
+    auto ring = std::make_unique<Ring>();
+    if (ring->init(kRingEntries) != 0) return nullptr;
+    batch_pages = AlignedBuffer(kMaxBatchBlocks * kPagesPerBlock);
+    ring_ = std::move(ring);
+  } catch (const std::bad_alloc&) {
+  }
+  return ring_.get();
+}
+
+void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
+                const BlockOp* const* ops, std::size_t n, cuda::Event ready,
+                BlockResult* results) noexcept {
+  Ring* ring = worker.ring();
+  if (ring == nullptr) {
+    for (std::size_t i = 0; i < n; ++i)
+      results[i] = is_load ? load_block(ctx, worker, *ops[i], ready)
+                           : store_block(ctx, worker, *ops[i], ready);
+    return;
+  }
+  Block blocks[kMaxBatchBlocks];
+  for (unsigned i = 0; i < n; ++i) {
+    Block& b = blocks[i];
+    b.op = ops[i];
+    b.out = &results[i];
+    for (int& r : b.res) r = -ECANCELED;  // steps that were never queued
+    unsigned char* pages = worker.batch_pages.data() + i * kPagesPerBlock;
+    try {
+      b.how =
+          is_load ? prepare_load(ctx, *ring, b, i, pages) : prepare_store(ctx, *ring, b, i, pages);
+    } catch (const std::bad_alloc&) {
+      // Nothing is queued before the last allocation of a prepare step; a tmp file it made
+      // goes (a load's descriptors close with the Block).
+      if (!is_load && b.fd) discard_tmp(b);
+      results[i] = failure(ENOMEM, is_load ? "load" : "store", b.op->path, "out of memory");
+      b.how = Disposition::kDone;
+    }
+  }
+  // Each entry completes exactly once (cancelled ones too): wait for all of them.
+  if (const unsigned sqes = ring->pending()) complete(*ring, blocks, sqes);
+  for (unsigned i = 0; i < n; ++i) {
+    Block& b = blocks[i];
+    if (b.how == Disposition::kPsync) {
+      results[i] =
+          is_load ? load_block(ctx, worker, *b.op, ready) : store_block(ctx, worker, *b.op, ready);
+    } else if (b.how == Disposition::kQueued) {
+      try {
+        is_load ? finish_load(ctx, worker, b, ready) : finish_store(ctx, worker, b, ready);
+      } catch (const std::bad_alloc&) {
+        if (!is_load) discard_tmp(b);
+        results[i] = failure(ENOMEM, is_load ? "load" : "store", b.op->path, "out of memory");
+      }
+    }
+  }
+}
+
+}  // namespace kvtier::detail

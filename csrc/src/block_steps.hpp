@@ -1,0 +1,72 @@
+#pragma once
+
+// The steps of a block operation that both engines share (psync in block_io.cpp, io_uring in
+// block_io_uring.cpp). Their bodies live in block_io.cpp.
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include <kvtier/job.hpp>
+
+#include "block_io.hpp"
+#include "posix_io.hpp"
+
+namespace kvtier::detail {
+
+/// A failed block operation: errno, the step's name, the path it touched, optional detail.
+BlockResult failure(int error, const char* operation, const std::string& path,
+                    std::string message = {});
+
+/// Payloads that cannot go to the file in place move through a staging buffer as segments:
+/// the op's own segments, or its contiguous buffer as one host segment when O_DIRECT meets
+/// unaligned memory. Returns nullptr when the payload goes in place.
+const std::vector<Segment>* staged_segments(const BlockOp& op, bool direct,
+                                            std::vector<Segment>& scratch);
+
+/// Where a block lives: its directory, opened beneath the root without following links, and
+/// its name there. Every later step works relative to `dir`, so nothing that happens to the
+/// path afterwards can redirect the operation.
+///
+/// The directory is resolved for every store, not kept open between blocks. A descriptor
+/// held across blocks keeps pointing at its directory wherever that directory is moved: a
+/// tenant who can rename entries of a shared root (file_mode 0o660/0o666, or a root_dir
+/// writable by others) could move a fan-out directory out of the root, and every later store
+/// of it would land outside root_dir; checking a cached descriptor is still beneath the root
+/// takes a resolution per level, no cheaper than this one openat2. It would also rarely hit:
+/// keys hash uniformly over 65,536 leaf directories. Creating directories is already paid
+/// once: openat2 succeeds in one call once they exist, and only ENOENT walks and mkdirs.
+struct Location {
+  FileDescriptor dir;
+  std::string dir_path;  // absolute, for messages
+  std::string name;
+
+  std::string path_of(const std::string& entry) const { return dir_path + "/" + entry; }
+};
+
+/// Opens the directory of `path` (creating it with `create`). On failure fills `result`
+/// (a missing directory is a missing block: ENOENT "open") and returns false.
+bool locate(const IoContext& ctx, const std::string& path, bool create, Location& out,
+            BlockResult& result);
+
+/// The failure for a block path that holds something other than a regular file.
+BlockResult not_regular(const std::string& path, mode_t mode);
+
+/// Opens `name` in `loc.dir`, never through a link. Falls back from O_DIRECT to buffered I/O
+/// (clearing `direct`, setting result.o_direct_fallback) when the file system refuses it and
+/// the mode allows; on failure fills `result` and returns an empty descriptor.
+FileDescriptor open_at(const IoContext& ctx, const Location& loc, const std::string& name,
+                       int flags, bool& direct, BlockResult& result);
+
+/// Renames `tmp` to `final_name` in `dir` without replacing an existing file (RENAME_NOREPLACE;
+/// plain rename where the file system lacks it). `already_there`: another writer won.
+/// Returns 0 or an errno value.
+int publish(int dir, const std::string& tmp, const std::string& final_name, bool& already_there);
+
+/// Creates this writer's tmp file next to the block and locks it (OFD lock), so a sweep never
+/// removes a live writer's file; sets `tmp` to its name. On failure fills `result`.
+FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string& tmp, bool& direct,
+                          BlockResult& result);
+
+}  // namespace kvtier::detail

@@ -1,0 +1,194 @@
+"""The I/O engine of the native core (`_core.Engine`): ``io_engine="auto" | "io_uring" | "psync"``.
+
+Where the kernel refuses io_uring (sysctl ``kernel.io_uring_disabled``, a seccomp filter, no
+io_uring at all), ``auto`` falls back to psync and keeps the kernel's reason, and ``io_uring``
+raises an OSError with the kernel's errno. Each refusal is made real in a child process: the
+sysctl (root; restored afterwards) or a seccomp filter installed in the child.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kvtier import _core as core
+from kvtier.tiering.fs.engine import io_uring_refusal
+
+ROW = 64 * 1024 + 100  # not a multiple of the page: exercises the padded last page
+
+
+def _round_trip(root: Path, io_engine: str, payload: np.ndarray, name: str) -> bytes:
+    """Stores `payload` as block `name` with `io_engine`, loads it back; returns the file."""
+    engine = core.Engine(str(root), n_read_threads=1, n_write_threads=1, io_engine=io_engine)
+    try:
+        path = root / "d" / name
+        engine.submit_store(1, [(str(path), b"key", payload.ctypes.data, payload.size)])
+        engine.drain()
+        (c,) = engine.pop_completions()
+        assert c.success, c.error
+        back = np.zeros_like(payload)
+        engine.submit_load(2, [(str(path), b"key", back.ctypes.data, back.size)])
+        engine.drain()
+        (c,) = engine.pop_completions()
+        assert c.success, c.error
+        assert np.array_equal(back, payload)
+        return path.read_bytes()
+    finally:
+        engine.shutdown()
+
+
+def test_auto_uses_io_uring_where_the_kernel_allows_it(tmp_path: Path) -> None:
+    reason = io_uring_refusal(tmp_path / "probe")
+    if reason:
+        pytest.skip(f"io_uring is refused here: {reason}")
+    engine = core.Engine(str(tmp_path / "root"), n_read_threads=1, n_write_threads=1)
+    try:
+        assert engine.io_engine == "io_uring"
+        assert engine.io_engine_fallback_reason == ""
+    finally:
+        engine.shutdown()
+    psync = core.Engine(
+        str(tmp_path / "root"), n_read_threads=1, n_write_threads=1, io_engine="psync"
+    )
+    try:
+        assert psync.io_engine == "psync"
+        assert psync.io_engine_fallback_reason == ""  # chosen, not a fallback
+    finally:
+        psync.shutdown()
+
+
+def test_both_engines_write_the_same_file_and_read_each_others(tmp_path: Path) -> None:
+    if reason := io_uring_refusal(tmp_path / "probe"):
+        pytest.skip(f"io_uring is refused here: {reason}")
+    payload = np.random.default_rng(3).integers(0, 256, size=ROW, dtype=np.uint8)
+    root = tmp_path / "root"
+    by_uring = _round_trip(root, "io_uring", payload, "u")
+    by_psync = _round_trip(root, "psync", payload, "p")
+    assert by_uring == by_psync
+    # Each engine loads what the other wrote.
+    for io_engine, name in (("psync", "u"), ("io_uring", "p")):
+        engine = core.Engine(str(root), n_read_threads=1, n_write_threads=0, io_engine=io_engine)
+        try:
+            back = np.zeros_like(payload)
+            engine.submit_load(3, [(str(root / "d" / name), b"key", back.ctypes.data, back.size)])
+            engine.drain()
+            (c,) = engine.pop_completions()
+            assert c.success, c.error
+            assert np.array_equal(back, payload)
+        finally:
+            engine.shutdown()
+
+
+# Run in a child: tries both settings and reports what happened, one line each.
+_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    {prelude}
+    import numpy as np
+    from kvtier import _core as core
+
+    root = sys.argv[1]
+    out = {{}}
+    engine = core.Engine(root, n_read_threads=1, n_write_threads=1)
+    out["auto"] = [engine.io_engine, engine.io_engine_fallback_reason]
+    payload = np.arange(8192, dtype=np.uint8)
+    engine.submit_store(1, [(root + "/b", b"k", payload.ctypes.data, payload.size)])
+    engine.drain()
+    back = np.zeros_like(payload)
+    engine.submit_load(2, [(root + "/b", b"k", back.ctypes.data, back.size)])
+    engine.drain()
+    out["fallback_works"] = all(c.success for c in engine.pop_completions()) and bool(
+        (back == payload).all()
+    )
+    engine.shutdown()
+    try:
+        core.Engine(root, n_read_threads=1, n_write_threads=1, io_engine="io_uring")
+        out["io_uring"] = None
+    except OSError as e:
+        out["io_uring"] = [e.errno, str(e)]
+    print(json.dumps(out))
+    """
+)
+
+
+def _run_child(root: Path, prelude: str = "") -> dict:
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD.format(prelude=prelude), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _check_refused(result: dict, code: int) -> None:
+    engine, reason = result["auto"]
+    assert engine == "psync"
+    assert os.strerror(code) in reason, reason
+    assert result["fallback_works"]
+    assert result["io_uring"] is not None, "io_engine='io_uring' did not raise"
+    err, message = result["io_uring"]
+    assert err == code, message
+    assert "io_uring" in message
+
+
+SYSCTL = Path("/proc/sys/kernel/io_uring_disabled")
+
+
+def test_sysctl_io_uring_disabled_falls_back_and_io_uring_raises(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to set kernel.io_uring_disabled")
+    if not SYSCTL.exists():
+        pytest.skip("this kernel has no kernel.io_uring_disabled (Linux < 6.6)")
+    if reason := io_uring_refusal(tmp_path / "probe"):
+        pytest.skip(f"io_uring is refused here already: {reason}")
+    old = SYSCTL.read_text().strip()
+    try:
+        SYSCTL.write_text("2")  # io_uring_setup fails with EPERM for every process
+        result = _run_child(tmp_path)
+    finally:
+        SYSCTL.write_text(old)
+    _check_refused(result, errno.EPERM)
+    assert "io_uring_disabled" in result["auto"][1]
+
+
+# A seccomp filter that answers io_uring_setup (425 on every Linux architecture) with `code`,
+# as container runtimes' default profiles do; every other system call is allowed.
+_SECCOMP = textwrap.dedent(
+    """
+    import ctypes
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte),
+                    ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+    insns = (Insn * 4)(
+        Insn(0x20, 0, 0, 0),                   # ld [nr]
+        Insn(0x15, 0, 1, 425),                 # jeq io_uring_setup, errno, allow
+        Insn(0x06, 0, 0, 0x00050000 | {code}), # ret SECCOMP_RET_ERRNO | code
+        Insn(0x06, 0, 0, 0x7FFF0000),          # ret SECCOMP_RET_ALLOW
+    )
+    prog = Prog(4, insns)
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(38, 1, 0, 0, 0) == 0                     # PR_SET_NO_NEW_PRIVS
+    assert libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0    # PR_SET_SECCOMP, FILTER
+    """
+)
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.ENOSYS])
+def test_seccomp_refusal_falls_back_and_io_uring_raises(tmp_path: Path, code: int) -> None:
+    if sys.platform != "linux":
+        pytest.skip("seccomp is Linux only")
+    result = _run_child(tmp_path, _SECCOMP.format(code=code))
+    _check_refused(result, code)
