@@ -6,8 +6,8 @@ replaced while being read, and host segments written from and read into the call
 Through the public binding (``kvtier._core``); faults through the LD_PRELOAD interposer in
 child processes, whose engines use io_engine="psync" (io_uring's writes and renames go
 through the ring, out of the interposer's sight; its faults are injected at the ring in
-tests/cpp/test_uring_faults.cpp). No timing or system-call counts are asserted here (those are measured by
-bench/syscalls_per_block.py).
+tests/cpp/test_uring_faults.cpp). No timing or system-call counts are asserted here (those
+are measured by bench/syscalls_per_block.py).
 """
 
 from __future__ import annotations
