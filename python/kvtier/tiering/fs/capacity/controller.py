@@ -26,7 +26,7 @@ from kvtier.tiering.fs.capacity.policy import CapacityPolicy, fs_used_bytes
 from kvtier.tiering.fs.capacity.recency import FLUSH_SECONDS, RecencyLog
 from kvtier.tiering.fs.capacity.scanner import FileEntry
 from kvtier.tiering.fs.capacity.sizes import block_file_bytes, format_size
-from kvtier.tiering.fs.capacity.survey import Interrupted, survey
+from kvtier.tiering.fs.capacity.survey import Interrupted, Survey, survey
 from kvtier.tiering.fs.file_mapper import host_label
 
 logger = logging.getLogger(__name__)
@@ -326,26 +326,18 @@ class CapacityController:
             due = self._recount or self._reconcile_due(state)
             if not need and not due:
                 return
+            # The last scan's candidates serve until they run out (then the pass scans again
+            # for the rest, below): scanning costs more CPU per block than unlinking.
             reuse = (
                 not due
                 and time.monotonic() - self._candidates_at < CANDIDATES_SECONDS
-                and self._candidate_bytes >= need
+                and self._candidate_bytes > 0
             )
             if not reuse:
-                # Every block of the root, oldest first, so that one scan serves the passes
-                # until they have evicted most of the root, not one pass each (scanning cost
-                # more CPU than unlinking). The list stays in LRU order: a block stored after
-                # the scan is newer than all of it, and one used or removed since is checked
-                # and skipped when its turn comes (evict()).
-                want = _ALL_BYTES if need else 0
                 try:
-                    started = time.monotonic()
-                    found = survey(self.root, want, self._stop)
-                    self._survey_seconds = time.monotonic() - started
+                    found = self._scan(need > 0)
                 except Interrupted:
                     return  # closing: the next instance to start recounts
-                self._candidates, self._candidates_at = found.candidates, time.monotonic()
-                self._candidate_bytes = sum(e.size for e in self._candidates)
             # Only when due, or when a fresh scan finds far less than the ledger holds (files
             # removed behind its back): stores settled while the scan ran are counted twice
             # (seen by it and added on top), an over-count that lasts until the next one.
@@ -365,22 +357,45 @@ class CapacityController:
             need = max(budget_need, free_need)
             if need:
                 started = time.monotonic()
-                if self._unlinkers is None:
-                    self._unlinkers = ThreadPoolExecutor(UNLINK_WORKERS, "kvtier-evict")
-                done = evict(
-                    self._candidates,
-                    need,
-                    in_use=_in_use_here(self.root),
-                    on_batch=self._evicted,
-                    stop=self._stop,
-                    pool=self._unlinkers,
-                )
-                self.eviction_cpu_seconds += done.unlink_cpu_seconds
-                tried = len(done.paths) + done.skipped_recent + done.vanished
-                self._candidate_bytes -= sum(e.size for e in self._candidates[:tried])
-                del self._candidates[:tried]
+                freed = self._evict_candidates(need)
+                if freed < need and reuse and not self._stop.is_set():
+                    try:
+                        self._scan(True)  # the old candidates ran out: the rest from a new one
+                    except Interrupted:
+                        return
+                    self._evict_candidates(need - freed)
                 self._pass_seconds = time.monotonic() - started + self._survey_seconds
             self._below_floor = self.policy.free_need(os.statvfs(self.root)) > 0
+
+    def _scan(self, keep_candidates: bool) -> Survey:
+        """Survey the root; with ``keep_candidates``, every block (oldest first, up to
+        survey.MAX_CANDIDATES) becomes a candidate. The list stays in LRU order for later
+        passes: a block stored after the scan is newer than all of it, and one used or removed
+        since is checked and skipped when its turn comes (evict())."""
+        started = time.monotonic()
+        found = survey(self.root, _ALL_BYTES if keep_candidates else 0, self._stop)
+        self._survey_seconds = time.monotonic() - started
+        self._candidates, self._candidates_at = found.candidates, time.monotonic()
+        self._candidate_bytes = sum(e.size for e in self._candidates)
+        return found
+
+    def _evict_candidates(self, need: int) -> int:
+        """Evict the oldest candidates until ``need`` bytes are freed; returns bytes freed."""
+        if self._unlinkers is None:
+            self._unlinkers = ThreadPoolExecutor(UNLINK_WORKERS, "kvtier-evict")
+        done = evict(
+            self._candidates,
+            need,
+            in_use=_in_use_here(self.root),
+            on_batch=self._evicted,
+            stop=self._stop,
+            pool=self._unlinkers,
+        )
+        self.eviction_cpu_seconds += done.unlink_cpu_seconds
+        tried = len(done.paths) + done.skipped_recent + done.vanished
+        self._candidate_bytes -= sum(e.size for e in self._candidates[:tried])
+        del self._candidates[:tried]
+        return done.bytes
 
     def _evicted(self, paths: list[str], nbytes: int) -> None:
         self._state = self.ledger.subtract(nbytes)
