@@ -8,7 +8,8 @@
 
 steady:  store throughput with a full cache (every store makes room) against the same run
          without a budget, at 256 KiB and 2 MiB blocks, alternating run by run; CPU per GiB
-         evicted = extra process CPU (all threads) of the budgeted run / GiB it evicted.
+         evicted = thread CPU of the tier's eviction passes / GiB they evicted.
+steady and recency are kvtier.bench.capacity, which `kvtier bench --max-bytes` runs too.
 evict:   process CPU and wall seconds per GiB to survey and evict real block files.
 recency: p50 latency of one-block loads with the tier's recency bookkeeping against the
          same tier with it switched off (record_use replaced by a no-op), alternating.
@@ -23,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
+from kvtier.bench import capacity
 from kvtier.tiering.fs.capacity import block_file_bytes, format_size, parse_size
 from kvtier.tiering.fs.capacity.evictor import evict
 from kvtier.tiering.fs.capacity.ledger import UsageLedger
@@ -42,8 +42,6 @@ from kvtier.tiering.fs.manager import FileSystemTierManager
 from kvtier.tiering.spec import OffloadingSpec
 
 SPEC = OffloadingSpec(model_name="bench/capacity", dtype="float16")
-CTX = ReqContext("bench")
-JOB_BLOCKS = 8
 
 
 @contextmanager
@@ -55,106 +53,14 @@ def scratch(root: Path) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def key(i: int) -> bytes:
-    return make_offload_key(i.to_bytes(32, "big"), 0)
-
-
-def collect(tier: FileSystemTierManager, sizes: dict[int, int]) -> tuple[int, int]:
-    """Failed jobs and bytes of succeeded ones, among jobs finished so far."""
-    failed = stored = 0
-    for r in tier.get_finished():
-        if r.success:
-            stored += sizes.pop(r.job_id)
-        else:
-            failed += 1
-            sizes.pop(r.job_id)
-    return failed, stored
-
-
-def store_run(
-    root: Path, row: int, total: int, budget: int | None, first: int, inflight: int = 8
-) -> dict:
-    rows = np.random.default_rng(0).integers(0, 256, (64, row), dtype=np.uint8)
-    tier = FileSystemTierManager(
-        SPEC, memoryview(rows), "fs", root_dir=str(root), max_bytes=budget, min_free_fraction=0
-    )
-    try:
-        n_blocks = total // row
-        if budget is not None:  # fill to the budget first: every measured store makes room
-            fill = budget // block_file_bytes(row)
-            for j in range(0, fill, JOB_BLOCKS):
-                keys = [key(first - 1 - i) for i in range(j, min(fill, j + JOB_BLOCKS))]
-                ids = np.arange(len(keys), dtype=np.int64) % 64
-                tier.submit_store(JobMetadata(j, keys, ids, False, CTX))
-            tier.drain_jobs()
-            tier.get_finished()
-            # A cache that has been full for a while: the evictor has brought it under its
-            # high watermark (it starts from the ledger at the next tick).
-            high = tier._capacity.policy.high_bytes or 0
-            while tier.stats()["used_bytes"] > high:
-                time.sleep(0.05)
-        evicted0 = tier.stats()["evicted_bytes"]
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        sizes: dict[int, int] = {}
-        failed = stored = 0
-        j = 0
-        # Until `total` bytes are stored: a refused store is a job the engine offers again
-        # later (new blocks keep coming), so the run measures how fast the cache takes them.
-        while stored + sum(sizes.values()) < n_blocks * row:
-            keys = [key(first + i) for i in range(j, j + JOB_BLOCKS)]
-            j += JOB_BLOCKS
-            ids = np.arange(len(keys), dtype=np.int64) % 64
-            sizes[10**9 + j] = len(keys) * row
-            tier.submit_store(JobMetadata(10**9 + j, keys, ids, False, CTX))
-            if len(sizes) >= inflight:  # an engine's stores in flight are bounded too
-                tier.drain_jobs()
-                f, b = collect(tier, sizes)
-                failed, stored = failed + f, stored + b
-                if f:
-                    time.sleep(0.001)
-        tier.drain_jobs()
-        f, b = collect(tier, sizes)
-        failed, stored = failed + f, stored + b
-        wall = time.perf_counter() - t0
-        cpu = time.process_time() - cpu0
-        stats = tier.stats()
-        return {
-            "gbps": stored / wall / 1e9,
-            "cpu_s": cpu,
-            "failed_jobs": failed,
-            "evicted_bytes": stats["evicted_bytes"] - evicted0,
-            "used_bytes": stats["used_bytes"],
-        }
-    finally:
-        tier.shutdown()
-
-
 def steady(args: argparse.Namespace) -> dict:
-    out: dict = {}
-    for row in (256 << 10, 2 << 20):
-        runs: dict[str, list[dict]] = {"no budget": [], "budget": []}
-        for rep in range(args.repeat):
-            for name, budget in (("no budget", None), ("budget", args.budget)):
-                with scratch(args.root) as root:
-                    runs[name].append(
-                        store_run(root, row, args.total, budget, 10**6 * (rep + 1), args.inflight)
-                    )
-        base = statistics.median(r["gbps"] for r in runs["no budget"])
-        full = statistics.median(r["gbps"] for r in runs["budget"])
-        extra_cpu = statistics.median(
-            b["cpu_s"] - a["cpu_s"] for a, b in zip(runs["no budget"], runs["budget"])
+    rows = (256 << 10, 2 << 20)
+    with scratch(args.root) as root:
+        out = capacity.steady(
+            root, rows, args.budget, args.total, args.repeat, inflight=args.inflight
         )
-        evicted = statistics.median(r["evicted_bytes"] for r in runs["budget"])
-        out[format_size(row)] = {
-            "store_gbps_no_budget": round(base, 3),
-            "store_gbps_full_cache": round(full, 3),
-            "ratio": round(full / base, 3),
-            "evicted_gib_per_run": round(evicted / 2**30, 3),
-            "eviction_cpu_s_per_gib": round(extra_cpu / (evicted / 2**30), 3) if evicted else None,
-            "failed_jobs_full_cache": [r["failed_jobs"] for r in runs["budget"]],
-            "runs": runs,
-        }
-        print(json.dumps({k: v for k, v in out[format_size(row)].items() if k != "runs"}))
+    for entry in out.values():
+        print(json.dumps({k: v for k, v in entry.items() if k != "runs"}))
     return out
 
 
@@ -187,42 +93,8 @@ def evict_cost(args: argparse.Namespace) -> dict:
 
 
 def recency(args: argparse.Namespace) -> dict:
-    row = 256 << 10
     with scratch(args.root) as root:
-        rows = np.random.default_rng(0).integers(0, 256, (8, row), dtype=np.uint8)
-        tier = FileSystemTierManager(SPEC, memoryview(rows), "fs", root_dir=str(root))
-        try:
-            n = 256
-            for j in range(0, n, JOB_BLOCKS):
-                keys = [key(i) for i in range(j, j + JOB_BLOCKS)]
-                tier.submit_store(JobMetadata(j, keys, np.arange(8, dtype=np.int64), False, CTX))
-            tier.drain_jobs()
-            tier.get_finished()
-            capacity = tier._capacity  # bench only: switch the bookkeeping off for a baseline
-            real = capacity.record_use
-            lat: dict[str, list[float]] = {"recency": [], "off": []}
-            job_id = 10**6
-            for _ in range(args.repeat):
-                for name in ("off", "recency"):
-                    capacity.record_use = real if name == "recency" else (lambda paths: None)
-                    for s in range(args.samples):
-                        job_id += 1
-                        t0 = time.perf_counter()
-                        job = JobMetadata(job_id, [key(s % n)], np.array([s % 8]), True, CTX)
-                        tier.submit_load(job)
-                        while not tier.get_finished():
-                            pass
-                        lat[name].append(time.perf_counter() - t0)
-            capacity.record_use = real
-        finally:
-            tier.shutdown()
-    p50 = {k: statistics.median(v) * 1e6 for k, v in lat.items()}
-    result = {
-        "load_p50_us_recency_off": round(p50["off"], 1),
-        "load_p50_us_recency_on": round(p50["recency"], 1),
-        "ratio": round(p50["recency"] / p50["off"], 3),
-        "samples_each": len(lat["off"]),
-    }
+        result = capacity.recency_cost(root, args.samples, args.repeat)
     print(json.dumps(result))
     return result
 

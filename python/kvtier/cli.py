@@ -77,6 +77,12 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _max_bytes(text: str) -> int:
+    from kvtier.cli_capacity import size_arg
+
+    return size_arg(text)  # the tier's max_bytes syntax, as `kvtier gc --max-bytes`
+
+
 def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The `kvtier` parser and each sub-command's; a sub-command is one ``_add_*`` function
     that sets ``run`` (its handler) as a default."""
@@ -219,6 +225,15 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     bench.add_argument("--no-fio", action="store_true", help="skip the fio ceilings")
     bench.add_argument(
+        "--max-bytes",
+        type=_max_bytes,
+        default=None,
+        metavar="SIZE",
+        help='also measure a full cache of this budget ("512MiB", "2GB"): stores of 2 x SIZE '
+        "into it (each one makes room) next to the same stores without a budget, eviction CPU "
+        "per GiB and recency bookkeeping on load latency; needs 2 x SIZE free",
+    )
+    bench.add_argument(
         "--json",
         type=Path,
         metavar="FILE",
@@ -301,6 +316,7 @@ def _bench(args: argparse.Namespace) -> int:
         json_path=args.json,
         plot_path=args.plot,
         progress=not args.quiet,
+        max_bytes=args.max_bytes,
     )
     try:
         if config.json_path is not None:

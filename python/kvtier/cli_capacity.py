@@ -31,7 +31,7 @@ EXIT_USAGE = 2
 LOCK_WAIT_SECONDS = 60.0
 
 
-def _size_arg(text: str) -> int:
+def size_arg(text: str) -> int:
     try:
         value = parse_size(text)
     except ValueError as exc:
@@ -74,7 +74,7 @@ def add_commands(sub: Any) -> dict[str, argparse.ArgumentParser]:
         "(*.kvb) are removed.",
     )
     gc.add_argument("root", type=Path, metavar="ROOT", help="the tiers' root_dir")
-    gc.add_argument("--max-bytes", type=_size_arg, metavar="SIZE", help='e.g. "500GiB", "2TB"')
+    gc.add_argument("--max-bytes", type=size_arg, metavar="SIZE", help='e.g. "500GiB", "2TB"')
     gc.add_argument(
         "--min-free-fraction",
         type=_fraction_arg,

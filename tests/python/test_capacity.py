@@ -11,13 +11,16 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity import block_file_bytes, parse_size
+from kvtier.tiering.fs.capacity.evictor import evict
 from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME
+from kvtier.tiering.fs.capacity.survey import survey
 from kvtier.tiering.fs.manager import FileSystemTierManager
 from kvtier.tiering.spec import OffloadingSpec
 
@@ -292,6 +295,84 @@ def test_hot_blocks_outlive_blocks_stored_once(tmp_path, use):
         assert disk_bytes(tmp_path) <= budget
     finally:
         t.close()
+
+
+def test_one_scan_serves_later_passes_in_lru_order(tmp_path):
+    """A scan keeps every block as a candidate for the passes after it (no scan per pass).
+    Blocks another process used after that scan are kept when their turn comes, and the
+    oldest of the rest go first. (Small blocks, and a budget of 1000 of them, so that a pass
+    evicts a tenth of the cache, not all of its older part.)"""
+    row, n_budget, batch = 4096, 1000, 8
+    small = block_file_bytes(row)
+    buf = np.zeros((batch, row), dtype=np.uint8)
+    tier = FileSystemTierManager(
+        SPEC,
+        memoryview(buf),
+        "fs",
+        root_dir=str(tmp_path),
+        max_bytes=n_budget * small,
+        min_free_fraction=0,
+    )
+    job_ids = iter(range(1, 10**6))
+
+    def store(first: int, count: int) -> None:
+        for j in range(first, first + count, batch):
+            for s in range(batch):
+                buf[s] = np.random.default_rng(j + s).integers(0, 256, row, dtype=np.uint8)
+            keys = [key(j + s) for s in range(batch)]
+            job_id = next(job_ids)
+            tier.submit_store(JobMetadata(job_id, keys, np.arange(batch), False, CTX))
+            tier.drain_jobs()
+            assert all(r.success for r in tier.get_finished())
+
+    def present() -> set[str]:
+        return {p.name for p in block_paths(tmp_path)}
+
+    try:
+        store(0, 1200)
+        wait_for(lambda: tier.stats()["evicted_blocks"] > 0, "a first eviction pass")
+        wait_for(settled(tmp_path), "the pass to finish")
+        names = present()
+        survivors = [i for i in range(1200) if f"{key(i).hex()}.kvb" in names]
+        used, cold = survivors[:4], survivors[4:40]
+        for i in used:  # another process stores (already there: a use) and loads each
+            args = {"row_bytes": row, "first": i, "count": 1, "options": {}}
+            worker = subprocess.Popen(
+                [sys.executable, WORKER, str(tmp_path), json.dumps(args)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            assert finish(worker)["loaded"] == 1
+        evicted = tier.stats()["evicted_blocks"]
+        store(10_000, 200)  # well within the candidates' lifetime (30 s)
+        wait_for(lambda: tier.stats()["evicted_blocks"] > evicted, "another pass")
+        wait_for(settled(tmp_path), "eviction to finish")
+        names = present()
+        assert all(f"{key(i).hex()}.kvb" in names for i in used), "a used block was evicted"
+        assert not any(f"{key(i).hex()}.kvb" in names for i in cold), "old blocks were kept"
+        assert disk_bytes(tmp_path) <= n_budget * small
+    finally:
+        tier.shutdown()
+
+
+def test_eviction_frees_no_more_than_needed(tmp_path):
+    """However many unlink threads there are, a pass removes only the oldest blocks that
+    cover what is needed: the newer ones are the recently used part of the cache."""
+    ns = tmp_path / "ns" / "rank-0"
+    ns.mkdir(parents=True)
+    for i in range(40):
+        path = ns / f"{i:072x}.kvb"
+        path.write_bytes(b"x" * 8192)
+        os.utime(path, ns=(10**18 + i, 10**18 + i))  # block i was used at time i
+    found = survey(str(tmp_path), 1 << 62)
+    assert [Path(e.path).name for e in found.candidates[:2]] == [f"{i:072x}.kvb" for i in (0, 1)]
+    with ThreadPoolExecutor(32) as pool:
+        done = evict(found.candidates, 3 * 8192, workers=32, pool=pool)
+    assert done.bytes == 3 * 8192
+    assert sorted(Path(p).name for p in done.paths) == [f"{i:072x}.kvb" for i in range(3)]
+    assert len(block_paths(tmp_path)) == 37
+    assert done.unlink_cpu_seconds > 0
 
 
 def test_evicted_block_is_a_clean_miss(tmp_path):

@@ -99,6 +99,8 @@ class BenchConfig:
     json_path: Path | None = None
     plot_path: Path | None = None
     progress: bool = True
+    #: `--max-bytes`: also measure a full cache of this budget (kvtier.bench.capacity).
+    max_bytes: int | None = None
 
     @property
     def threads(self) -> int:

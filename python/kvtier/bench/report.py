@@ -223,6 +223,11 @@ def render(results: dict) -> str:
 
     out.append("")
     out.extend(_ceiling_lines(results))
+    if "capacity" in results:
+        from kvtier.bench.capacity import render_capacity
+
+        out.append("")
+        out.extend(render_capacity(results["capacity"], _table))
 
     if noisy:
         ratio = cfg.get("noisy_ratio", NOISY_RATIO)

@@ -213,6 +213,10 @@ def run_bench(config: BenchConfig, *, stream=None) -> dict:
 def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
     free = shutil.disk_usage(scratch).free
     total = plan_total(config, free, _available_memory())
+    if config.max_bytes is not None:  # refused before the other phases have run
+        from kvtier.bench.capacity import check_room
+
+        check_room(config, free)
     per_run = total // config.repeat
     per_run -= per_run % max(config.block_sizes)  # whole blocks of every size in each run
     # The other budgets are split over the runs too, so the run count changes the spread
@@ -297,6 +301,10 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
         results["sglang"] = run_sglang_peer(
             scratch, config.block_sizes, plan.per_run, threads, stream, config.repeat
         )
+    if config.max_bytes is not None:
+        from kvtier.bench.capacity import run_capacity
+
+        results["capacity"] = run_capacity(config, scratch, stream)
     return results
 
 

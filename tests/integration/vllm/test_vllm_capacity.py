@@ -76,3 +76,63 @@ def test_capacity_counters_reach_vllm_metrics(
         again = engine.manager.get_stats()
     # Counters report increases: nothing new was evicted in between, so none is reported.
     assert again is None or f"vllm:kvtier_evicted_blocks:('{root}',)" not in again.reduce()
+
+
+def test_capacity_metrics_in_the_prometheus_exposition(
+    tmp_path: Path, make_engine: Callable[..., Engine]
+) -> None:
+    """What vLLM's /metrics serves: its connector metrics (KVConnectorProm, as its
+    PrometheusStatLogger builds them for the OffloadingConnector) observe the manager's stats
+    after real evictions, and the registry the endpoint exports holds the kvtier series."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from vllm.config import DeviceConfig, KVTransferConfig, VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
+    from vllm.v1.metrics.prometheus import get_prometheus_registry, unregister_vllm_metrics
+
+    config = make_tier_config(tmp_path, max_bytes=BUDGET)
+    engine = make_engine([config])
+    extra = {"spec_name": "TieringOffloadingSpec", **engine.spec.config.extra_config}
+    vllm_config = VllmConfig(
+        device_config=DeviceConfig(device="cpu"),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config=extra,
+        ),
+    )
+    unregister_vllm_metrics()  # as PrometheusStatLogger does before registering its own
+    try:
+        prom = KVConnectorProm(vllm_config, ["model_name", "engine"], {0: ["kvtier-test", "0"]})
+        fill(engine, 12)
+        until(lambda: engine.tier.stats()["evicted_blocks"] > 0, "evictions")
+        with engine.manager.lock:
+            stats = engine.manager.get_stats()
+        prom.observe(stats.data, 0)
+        text = generate_latest(get_prometheus_registry()).decode()
+    finally:
+        unregister_vllm_metrics()
+    samples = {
+        s.name: s
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("vllm:kvtier_")
+    }
+    labels = {"model_name": "kvtier-test", "engine": "0", "root_dir": str(tmp_path)}
+    for name in (
+        "vllm:kvtier_used_bytes",
+        "vllm:kvtier_capacity_bytes",
+        "vllm:kvtier_evicted_blocks_total",
+        "vllm:kvtier_evicted_bytes_total",
+    ):
+        assert name in samples, f"{name} missing from the exposition:\n{text}"
+        assert samples[name].labels == labels
+    # Declared, with no series yet: counters report increases, and nothing was refused.
+    assert "# TYPE vllm:kvtier_rejected_stores_total counter" in text
+    assert "vllm:kvtier_rejected_stores_total" not in samples
+    stats_now = engine.tier.stats()
+    assert samples["vllm:kvtier_capacity_bytes"].value == BUDGET
+    assert 0 < samples["vllm:kvtier_used_bytes"].value <= BUDGET
+    evicted = samples["vllm:kvtier_evicted_blocks_total"].value
+    assert 0 < evicted <= stats_now["evicted_blocks"]
+    assert samples["vllm:kvtier_evicted_bytes_total"].value == evicted * FILE

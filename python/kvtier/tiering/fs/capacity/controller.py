@@ -18,14 +18,15 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
-from kvtier.tiering.fs.capacity.evictor import evict, evictor_lock
+from kvtier.tiering.fs.capacity.evictor import UNLINK_WORKERS, evict, evictor_lock
 from kvtier.tiering.fs.capacity.ledger import HEARTBEAT_SECONDS, LedgerState, UsageLedger
 from kvtier.tiering.fs.capacity.policy import CapacityPolicy, fs_used_bytes
 from kvtier.tiering.fs.capacity.recency import FLUSH_SECONDS, RecencyLog
 from kvtier.tiering.fs.capacity.scanner import FileEntry
 from kvtier.tiering.fs.capacity.sizes import block_file_bytes, format_size
-from kvtier.tiering.fs.capacity.survey import Interrupted, survey
+from kvtier.tiering.fs.capacity.survey import Interrupted, Survey, survey
 from kvtier.tiering.fs.file_mapper import host_label
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ RECONCILE_SECONDS = 300.0
 STARTUP_SCAN_FILES = 4096
 # Candidates of a scan are used for later passes for at most this long.
 CANDIDATES_SECONDS = 30.0
+# A scan keeps every block as a candidate (up to survey.MAX_CANDIDATES, the oldest).
+_ALL_BYTES = 1 << 62
 # Per-instance budget chunk: at most this much, and at most 1/64 of max_bytes.
 MAX_CHUNK_BYTES = 64 << 20
 _instances = itertools.count()
@@ -92,13 +95,19 @@ class CapacityController:
         self._rate = 0.0  # bytes/s, moving average over reservations
         self._last_reserve = time.monotonic()
         self._pass_seconds = self._survey_seconds = 0.0
-        # Least recently used blocks found by the last scan, oldest first, not yet evicted.
+        # Least recently used blocks found by the last scan, oldest first, not yet tried, and
+        # their bytes.
         self._candidates: list[FileEntry] = []
+        self._candidate_bytes = 0
         self._candidates_at = 0.0
+        self._unlinkers: ThreadPoolExecutor | None = None
         self._admitted_since_statvfs = 0
         self._free_check_bytes = 0  # statvfs at the first admission
         self._last_write = 0.0
         self.evicted_blocks = self.evicted_bytes = self.rejected_stores = 0
+        # CPU seconds of eviction passes (scans, ledger, unlinks; every thread involved):
+        # what a full cache costs beyond storing, reported by `kvtier bench --max-bytes`.
+        self.eviction_cpu_seconds = 0.0
         with _registry_lock:
             _by_root.setdefault(self.root, weakref.WeakSet()).add(self)
         self._wake = threading.Condition()
@@ -296,6 +305,13 @@ class CapacityController:
         return not state.complete or time.time() - state.scanned_at > RECONCILE_SECONDS
 
     def _pass(self) -> None:
+        started = time.thread_time()
+        try:
+            self._locked_pass()
+        finally:
+            self.eviction_cpu_seconds += time.thread_time() - started
+
+    def _locked_pass(self) -> None:
         with evictor_lock(self.root, self._file_mode) as held:
             if not held:
                 return  # another process (or gc) is at it; no repeated work
@@ -310,22 +326,18 @@ class CapacityController:
             due = self._recount or self._reconcile_due(state)
             if not need and not due:
                 return
+            # The last scan's candidates serve until they run out (then the pass scans again
+            # for the rest, below): scanning costs more CPU per block than unlinking.
             reuse = (
                 not due
                 and time.monotonic() - self._candidates_at < CANDIDATES_SECONDS
-                and sum(e.size for e in self._candidates) >= need
+                and self._candidate_bytes > 0
             )
             if not reuse:
-                # Candidates for about three passes: the next ones skip the scan (a candidate
-                # used or removed since is checked and skipped when its turn comes).
-                want = 3 * need + 64 * self.file_bytes if need else 0
                 try:
-                    started = time.monotonic()
-                    found = survey(self.root, want, self._stop)
-                    self._survey_seconds = time.monotonic() - started
+                    found = self._scan(need > 0)
                 except Interrupted:
                     return  # closing: the next instance to start recounts
-                self._candidates, self._candidates_at = found.candidates, time.monotonic()
             # Only when due, or when a fresh scan finds far less than the ledger holds (files
             # removed behind its back): stores settled while the scan ran are counted twice
             # (seen by it and added on top), an over-count that lasts until the next one.
@@ -345,17 +357,45 @@ class CapacityController:
             need = max(budget_need, free_need)
             if need:
                 started = time.monotonic()
-                done = evict(
-                    self._candidates,
-                    need,
-                    in_use=_in_use_here(self.root),
-                    on_batch=self._evicted,
-                    stop=self._stop,
-                )
-                tried = len(done.paths) + done.skipped_recent + done.vanished
-                self._candidates = self._candidates[tried:]
+                freed = self._evict_candidates(need)
+                if freed < need and reuse and not self._stop.is_set():
+                    try:
+                        self._scan(True)  # the old candidates ran out: the rest from a new one
+                    except Interrupted:
+                        return
+                    self._evict_candidates(need - freed)
                 self._pass_seconds = time.monotonic() - started + self._survey_seconds
             self._below_floor = self.policy.free_need(os.statvfs(self.root)) > 0
+
+    def _scan(self, keep_candidates: bool) -> Survey:
+        """Survey the root; with ``keep_candidates``, every block (oldest first, up to
+        survey.MAX_CANDIDATES) becomes a candidate. The list stays in LRU order for later
+        passes: a block stored after the scan is newer than all of it, and one used or removed
+        since is checked and skipped when its turn comes (evict())."""
+        started = time.monotonic()
+        found = survey(self.root, _ALL_BYTES if keep_candidates else 0, self._stop)
+        self._survey_seconds = time.monotonic() - started
+        self._candidates, self._candidates_at = found.candidates, time.monotonic()
+        self._candidate_bytes = sum(e.size for e in self._candidates)
+        return found
+
+    def _evict_candidates(self, need: int) -> int:
+        """Evict the oldest candidates until ``need`` bytes are freed; returns bytes freed."""
+        if self._unlinkers is None:
+            self._unlinkers = ThreadPoolExecutor(UNLINK_WORKERS, "kvtier-evict")
+        done = evict(
+            self._candidates,
+            need,
+            in_use=_in_use_here(self.root),
+            on_batch=self._evicted,
+            stop=self._stop,
+            pool=self._unlinkers,
+        )
+        self.eviction_cpu_seconds += done.unlink_cpu_seconds
+        tried = len(done.paths) + done.skipped_recent + done.vanished
+        self._candidate_bytes -= sum(e.size for e in self._candidates[:tried])
+        del self._candidates[:tried]
+        return done.bytes
 
     def _evicted(self, paths: list[str], nbytes: int) -> None:
         self._state = self.ledger.subtract(nbytes)
@@ -378,6 +418,8 @@ class CapacityController:
         self.request_eviction()
         if self._thread is not threading.current_thread():
             self._thread.join()
+        if self._unlinkers is not None:
+            self._unlinkers.shutdown()
         self.recency.flush()
         with self._ledger_lock, self._lock:
             # Stores still in flight may yet create their files: count them as committed.

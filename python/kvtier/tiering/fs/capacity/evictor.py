@@ -15,16 +15,21 @@ import errno
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvtier.tiering.fs.capacity.ledger import shared_fd, state_dir
 from kvtier.tiering.fs.capacity.scanner import FileEntry, is_block_name
 
 EVICTOR_LOCK_NAME = "evictor.lock"
-UNLINK_WORKERS = 8
-WAVE_FILES = 256  # at most this many unlinks between two ledger updates
+UNLINK_WORKERS = 32
+# A wave (unlinks between two ledger updates) ends at WAVE_FILES files or WAVE_BYTES bytes:
+# stores waiting for room get it wave by wave, not at the end of a pass (unlinks of large
+# files on a busy journal take milliseconds each).
+WAVE_FILES = 256
+WAVE_BYTES = 32 << 20
 
 
 @contextlib.contextmanager
@@ -56,6 +61,7 @@ class Evicted:
     bytes: int = 0
     skipped_recent: int = 0  # candidates used since the scan: kept
     vanished: int = 0  # candidates someone else removed first
+    unlink_cpu_seconds: float = 0.0  # CPU time of the threads that checked and unlinked
 
 
 def evict(
@@ -67,6 +73,7 @@ def evict(
     on_batch: Callable[[list[str], int], None] | None = None,
     stop: threading.Event | None = None,
     workers: int = UNLINK_WORKERS,
+    pool: Executor | None = None,
 ) -> Evicted:
     """Unlink candidates (oldest first) until ``need_bytes`` are freed.
 
@@ -74,29 +81,40 @@ def evict(
     yet flushed, is kept. Unlinks run on ``workers`` threads (unlink is the slow part, and
     it releases the GIL) in waves of the oldest candidates that cover what is still needed;
     ``on_batch(paths, bytes)`` is called after each wave, so budgets and lookup caches learn
-    of evictions while they happen.
+    of evictions while they happen. ``pool`` (with at least ``workers`` threads) is used
+    instead of a pool of this call's own: a tier evicts often, and starting threads for
+    every pass costs more than a small pass does.
     """
     done = Evicted()
-    pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 and not dry_run else None
+    own_pool = pool is None and workers > 1 and not dry_run
+    if own_pool:
+        pool = ThreadPoolExecutor(max_workers=workers)
+    elif dry_run or workers <= 1:
+        pool = None
     i = 0
     try:
         while i < len(candidates) and done.bytes < need_bytes:
             if stop is not None and stop.is_set():
                 break
             start, covered = i, 0
+            # Never more than is still needed: a block beyond that may be in use by the time
+            # its turn comes (its use flushed to its mtime after the scan read it).
             while i < len(candidates) and i - start < WAVE_FILES:
-                if covered >= need_bytes - done.bytes and i - start >= workers:
+                if covered >= min(WAVE_BYTES, need_bytes - done.bytes):
                     break
                 covered += candidates[i].size
                 i += 1
             wave = candidates[start:i]
             if pool is not None:  # one task per worker: a task per file costs more than it saves
-                slices = [wave[w::workers] for w in range(workers)]
+                n_slices = min(workers, len(wave))
+                slices = [wave[w::n_slices] for w in range(n_slices)]
                 parts = list(pool.map(lambda part: _evict_all(part, in_use, dry_run), slices))
                 wave = [e for part in slices for e in part]
-                outcomes = [o for part in parts for o in part]
+                outcomes = [o for part, _ in parts for o in part]
+                done.unlink_cpu_seconds += sum(cpu for _, cpu in parts)
             else:
-                outcomes = _evict_all(wave, in_use, dry_run)
+                outcomes, cpu = _evict_all(wave, in_use, dry_run)
+                done.unlink_cpu_seconds += cpu
             paths, nbytes = [], 0
             for entry, outcome in zip(wave, outcomes):
                 if outcome is None:
@@ -111,15 +129,18 @@ def evict(
             if on_batch is not None and paths:
                 on_batch(paths, nbytes)
     finally:
-        if pool is not None:
+        if own_pool and pool is not None:
             pool.shutdown()
     return done
 
 
 def _evict_all(
     entries: Sequence[FileEntry], in_use: Callable[[str], bool], dry_run: bool
-) -> list[int | None]:
-    return [_evict_one(e, in_use, dry_run) for e in entries]
+) -> tuple[list[int | None], float]:
+    """Outcomes of ``entries`` (see _evict_one) and this thread's CPU seconds for them."""
+    started = time.thread_time()
+    outcomes = [_evict_one(e, in_use, dry_run) for e in entries]
+    return outcomes, time.thread_time() - started
 
 
 def _evict_one(entry: FileEntry, in_use: Callable[[str], bool], dry_run: bool) -> int | None:
