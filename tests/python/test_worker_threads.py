@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -87,7 +88,11 @@ _PRIORITY_SCRIPT = textwrap.dedent(
     import ctypes, json, os, sys
     from kvtier import _core
 
-    root, kwargs = sys.argv[1], json.loads(sys.argv[2])
+    root, kwargs, user = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    if user is not None:  # dropped after the import: the venv may not be readable by that user
+        os.setgroups([])
+        os.setgid(user[1])
+        os.setuid(user[0])
     engine = _core.Engine(root, fingerprint=b"f", **kwargs)
     data = ctypes.create_string_buffer(bytes(range(256)) * 32)
     back = ctypes.create_string_buffer(len(data))
@@ -110,9 +115,21 @@ _PRIORITY_SCRIPT = textwrap.dedent(
 )
 
 
-def _worker_nices(root: Path, prefix: list[str], **kwargs) -> dict[str, set[int]]:
+def _worker_nices(
+    root: Path, prefix: list[str], user: tuple[int, int] | None = None, **kwargs
+) -> dict[str, set[int]]:
+    """The nice values of the engine's worker threads, in a child started with `prefix`
+    (e.g. `nice -n 10`) that runs as `user` (uid, gid) once kvtier is imported."""
     proc = subprocess.run(
-        [*prefix, sys.executable, "-c", _PRIORITY_SCRIPT, str(root), json.dumps(kwargs)],
+        [
+            *prefix,
+            sys.executable,
+            "-c",
+            _PRIORITY_SCRIPT,
+            str(root),
+            json.dumps(kwargs),
+            json.dumps(user),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -121,8 +138,8 @@ def _worker_nices(root: Path, prefix: list[str], **kwargs) -> dict[str, set[int]
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["ok"], "the store or load failed"
-    if any(part.endswith("setpriv") for part in prefix):
-        assert out["uid"] != 0, "setpriv did not drop root"
+    if user is not None:
+        assert out["uid"] == user[0], "the child did not drop root"
     nices: dict[str, set[int]] = {}
     for name, nice in out["threads"]:
         nices.setdefault(name, set()).add(nice)
@@ -137,14 +154,16 @@ def test_load_workers_run_above_store_workers(tmp_path):
 
 
 @pytest.fixture
-def unprivileged() -> list[str]:
-    """A command prefix that runs as user nobody (a process that may not lower nice)."""
+def unprivileged() -> tuple[int, int] | None:
+    """The (uid, gid) of user nobody, a process that may not lower nice; None when the tests
+    already run unprivileged."""
     if os.geteuid() != 0:
-        return []  # already unprivileged
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) not found: cannot drop to an unprivileged user")
-    return [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all"]
+        return None
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user nobody to drop to")
+    return nobody.pw_uid, nobody.pw_gid
 
 
 def test_priorities_work_unprivileged(unprivileged):
@@ -154,12 +173,14 @@ def test_priorities_work_unprivileged(unprivileged):
     root = Path(tempfile.mkdtemp(prefix="kvtier-nice-"))
     try:
         root.chmod(0o777)
-        assert _worker_nices(root / "a", unprivileged, n_read_threads=2, n_write_threads=2) == {
+        assert _worker_nices(root / "a", [], unprivileged, n_read_threads=2, n_write_threads=2) == {
             "kvtier-load": {0},
             "kvtier-store": {19},
         }
-        niced = [shutil.which("nice") or "nice", "-n", "10", *unprivileged]
-        assert _worker_nices(root / "b", niced, n_read_threads=2, n_write_threads=2) == {
+        niced = [shutil.which("nice") or "nice", "-n", "10"]
+        assert _worker_nices(
+            root / "b", niced, unprivileged, n_read_threads=2, n_write_threads=2
+        ) == {
             "kvtier-load": {10},
             "kvtier-store": {19},
         }
