@@ -20,7 +20,7 @@ from kvtier.gpu.options import GPUTransferOptions
 from kvtier.gpu.writable import read_only_tensor
 from kvtier.tiering.base import JobId, JobResult, OffloadKey
 from kvtier.tiering.fs.capacity import CapacityController
-from kvtier.tiering.fs.engine import open_engine
+from kvtier.tiering.fs.engine import EngineIoReport, open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper
 from kvtier.tiering.fs.oserror import naming
 from kvtier.tiering.spec import OffloadingSpec
@@ -34,7 +34,7 @@ def cuda_available() -> bool:
     return bool(_core.cuda_available())
 
 
-class GPUStorageTransfer:
+class GPUStorageTransfer(EngineIoReport):
     """Stores blocks of ``kv_caches`` into files and loads them back, asynchronously.
 
     ``kv_caches`` is a list of tensors (all CUDA tensors on one device, or all CPU tensors) in which
@@ -215,16 +215,6 @@ class GPUStorageTransfer:
 
     def stats(self) -> dict[str, int]:
         return {**self._engine.stats(), **self._capacity.stats()}
-
-    @property
-    def io_engine(self) -> str:
-        """``"io_uring"`` or ``"psync"``: the engine moving the bytes (what ``"auto"`` chose)."""
-        return str(self._engine.io_engine)
-
-    @property
-    def io_engine_fallback_reason(self) -> str:
-        """Why ``io_engine="auto"`` chose psync (the kernel's refusal); empty otherwise."""
-        return str(self._engine.io_engine_fallback_reason)
 
     @property
     def numa_node(self) -> int:

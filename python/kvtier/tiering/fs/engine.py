@@ -88,3 +88,19 @@ def io_uring_refusal(directory: str | os.PathLike[str]) -> str:
         return exc.strerror or str(exc)
     engine.shutdown()
     return ""
+
+
+class EngineIoReport:
+    """Which I/O engine a native-engine owner (``self._engine``) runs, for its users."""
+
+    _engine: Any
+
+    @property
+    def io_engine(self) -> str:
+        """``"io_uring"`` or ``"psync"``: the engine moving the bytes (what ``"auto"`` chose)."""
+        return str(self._engine.io_engine)
+
+    @property
+    def io_engine_fallback_reason(self) -> str:
+        """Why ``io_engine="auto"`` chose psync (the kernel's refusal); empty otherwise."""
+        return str(self._engine.io_engine_fallback_reason)

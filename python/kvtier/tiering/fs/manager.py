@@ -28,7 +28,7 @@ from kvtier.tiering.base import (
     SecondaryTierManager,
 )
 from kvtier.tiering.fs.capacity import CapacityController
-from kvtier.tiering.fs.engine import open_engine
+from kvtier.tiering.fs.engine import EngineIoReport, open_engine
 from kvtier.tiering.fs.file_mapper import BLOCK_SUFFIX, FileMapper, host_label
 from kvtier.tiering.fs.lookup import LookupCache
 from kvtier.tiering.fs.options import FsTierOptions
@@ -46,7 +46,7 @@ class _Job:
     admitted: bool = False  # a store that holds budget for its blocks (capacity)
 
 
-class FileSystemTierManager(SecondaryTierManager):
+class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
     """Secondary tier that keeps each KV block in its own file (see docs/tiers.md).
 
     Options (validated by :class:`~kvtier.tiering.fs.options.FsTierOptions`): ``root_dir``
@@ -321,16 +321,6 @@ class FileSystemTierManager(SecondaryTierManager):
     @property
     def direct_io(self) -> bool:
         return bool(self._engine.direct_io)
-
-    @property
-    def io_engine(self) -> str:
-        """``"io_uring"`` or ``"psync"``: the engine moving the bytes (what ``"auto"`` chose)."""
-        return str(self._engine.io_engine)
-
-    @property
-    def io_engine_fallback_reason(self) -> str:
-        """Why ``io_engine="auto"`` chose psync (the kernel's refusal); empty otherwise."""
-        return str(self._engine.io_engine_fallback_reason)
 
 
 def _close(lookups: LookupCache, capacity: CapacityController) -> None:
