@@ -65,15 +65,14 @@ const std::vector<Segment>& in_place_payload(const BlockOp& op, std::vector<Segm
   return scratch;
 }
 
-// The iovecs of a whole block file over the header page and host memory that goes in place
-// (empty segments left out). With O_DIRECT, whose lengths are whole pages, a partial last
-// page is cut from the last iovec and read or written through the worker's tail page
-// instead; `tail` is then its length. A buffered store pads with zeros to a whole page.
-std::vector<iovec> file_iov(WorkerContext& worker, const std::vector<Segment>& payload,
-                            bool direct, bool store, std::size_t& tail) {
+}  // namespace
+
+std::vector<iovec> file_iov(unsigned char* header, unsigned char* tail_page,
+                            const std::vector<Segment>& payload, bool direct, bool store,
+                            std::size_t& tail) {
   std::vector<iovec> iov;
   iov.reserve(payload.size() + 2);
-  iov.push_back({worker.header.data(), kHeaderSize});
+  iov.push_back({header, kHeaderSize});
   std::size_t total = 0;
   for (const Segment& seg : payload) {
     if (seg.length == 0) continue;
@@ -89,16 +88,18 @@ std::vector<iovec> file_iov(WorkerContext& worker, const std::vector<Segment>& p
     last.iov_len -= rest;
     const auto* cut = static_cast<unsigned char*>(last.iov_base) + last.iov_len;
     if (store) {
-      std::memcpy(worker.tail.data(), cut, rest);
-      std::memset(worker.tail.data() + rest, 0, kAlignment - rest);
+      std::memcpy(tail_page, cut, rest);
+      std::memset(tail_page + rest, 0, kAlignment - rest);
     }
     if (last.iov_len == 0) iov.pop_back();
-    iov.push_back({worker.tail.data(), kAlignment});
+    iov.push_back({tail_page, kAlignment});
   } else if (store) {
     iov.push_back({const_cast<unsigned char*>(kZeroPage), kAlignment - rest});
   }
   return iov;
 }
+
+namespace {
 
 std::uint32_t payload_crc(const std::vector<Segment>& payload) {
   std::uint32_t crc = 0;
@@ -326,7 +327,9 @@ StepError write_in_place(const IoContext& ctx, WorkerContext& worker, int fd, co
   const bool want_crc = ctx.config->checksum == Checksum::kCrc32c;
   encode(ctx, worker, op, op.payload_length(), want_crc ? payload_crc(payload) : 0);
   std::size_t tail = 0;
-  return {pwritev_full(fd, file_iov(worker, payload, direct, /*store=*/true, tail), 0), "pwrite"};
+  std::vector<iovec> iov =
+      file_iov(worker.header.data(), worker.tail.data(), payload, direct, /*store=*/true, tail);
+  return {pwritev_full(fd, std::move(iov), 0), "pwrite"};
 }
 
 // Segments: gathered piece by piece into a staging buffer and written from there. The header
@@ -522,7 +525,8 @@ ReadOutcome read_in_place(const IoContext& ctx, WorkerContext& worker, int fd, b
                           const BlockOp& op, const std::vector<Segment>& payload, bool want_crc) {
   ReadOutcome out;
   std::size_t tail = 0;
-  std::vector<iovec> iov = file_iov(worker, payload, direct, /*store=*/false, tail);
+  std::vector<iovec> iov = file_iov(worker.header.data(), worker.tail.data(), payload, direct,
+                                     /*store=*/false, tail);
   const std::size_t total = op.payload_length();
   const std::size_t want = kHeaderSize + total - tail + (tail > 0 ? kAlignment : 0);
   std::size_t got = 0;

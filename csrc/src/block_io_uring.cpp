@@ -75,31 +75,19 @@ io_uring_sqe* next_sqe(Ring& ring, unsigned index, Step step, unsigned char opco
   return sqe;
 }
 
-// The file's bytes as the psync engine lays them out: header, the payload in place, and a
-// last page through `tail` (O_DIRECT: the partial last page copied and zero-padded; buffered:
-// the zero padding up to the next page for stores). Loads read into the same pieces.
+// The file's bytes as the psync engine lays them out (file_iov): header, the payload in
+// place, and a last page through `tail` where O_DIRECT or a store's padding needs one. Loads
+// read into the same pieces.
 void lay_out(Block& b, unsigned char* header, unsigned char* tail, bool is_load) {
-  const BlockOp& op = *b.op;
-  auto* data = static_cast<unsigned char*>(op.data);
-  const std::size_t body = b.direct ? op.length / kAlignment * kAlignment : op.length;
-  const std::size_t rest = op.length - body;
-  b.iov_count = 0;
-  b.iov[b.iov_count++] = {header, kHeaderSize};
-  if (body > 0) b.iov[b.iov_count++] = {data, body};
+  const std::vector<Segment> payload{{b.op->data, b.op->length, MemoryKind::kHost}};
   std::size_t tail_len = 0;
-  if (rest > 0) {
-    tail_len = kAlignment;
-    if (!is_load) {
-      std::memcpy(tail, data + body, rest);
-      std::memset(tail + rest, 0, kAlignment - rest);
-    }
-  } else if (!is_load && align_up(op.length) != op.length) {
-    tail_len = align_up(op.length) - op.length;
-    std::memset(tail, 0, tail_len);
-  }
-  if (tail_len > 0) b.iov[b.iov_count++] = {tail, tail_len};
+  const std::vector<iovec> iov = file_iov(header, tail, payload, b.direct, !is_load, tail_len);
+  b.iov_count = 0;
   b.want = 0;
-  for (unsigned i = 0; i < b.iov_count; ++i) b.want += b.iov[i].iov_len;
+  for (const iovec& v : iov) {  // at most header, payload, last page: fits b.iov
+    b.iov[b.iov_count++] = v;
+    b.want += v.iov_len;
+  }
 }
 
 // ---- store ----------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 // block_io_uring.cpp). Their bodies live in block_io.cpp.
 
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <string>
 #include <vector>
@@ -24,6 +25,14 @@ BlockResult failure(int error, const char* operation, const std::string& path,
 /// unaligned memory. Returns nullptr when the payload goes in place.
 const std::vector<Segment>* staged_segments(const BlockOp& op, bool direct,
                                             std::vector<Segment>& scratch);
+
+/// The iovecs of a whole block file over the `header` page and host memory that goes in
+/// place (empty segments left out). With O_DIRECT, whose lengths are whole pages, a partial
+/// last page is cut from the last iovec and read or written through `tail_page` instead;
+/// `tail` is then its length. A buffered store pads with zeros to a whole page.
+std::vector<iovec> file_iov(unsigned char* header, unsigned char* tail_page,
+                            const std::vector<Segment>& payload, bool direct, bool store,
+                            std::size_t& tail);
 
 /// Where a block lives: its directory, opened beneath the root without following links, and
 /// its name there. Every later step works relative to `dir`, so nothing that happens to the
