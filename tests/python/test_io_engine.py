@@ -197,3 +197,45 @@ def test_auto_falls_back_to_psync_with_one_warning_where_the_kernel_refuses(tmp_
     errno_, message = report["explicit"]
     assert errno_ in (errno.EPERM, errno.ENOSYS)
     assert "io_engine='auto'" in message
+
+
+def test_probes_and_engines_from_several_threads_at_once(tmp_path, io_uring_refused):
+    # The new entry points (the io_uring probe, machine_thread_counts, engines choosing their
+    # io_engine) called from 8 threads together agree with a single call; the engines are
+    # dropped with a store queued and without shutdown().
+    import gc
+    import threading
+
+    from kvtier import _core
+    from kvtier.tiering.fs.engine import io_uring_refusal
+
+    want_counts = _core.machine_thread_counts(str(tmp_path))
+    results: list[tuple[str, tuple[int, int], str]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def probe(i: int) -> None:
+        try:
+            start.wait()
+            root = tmp_path / f"t{i}"
+            refusal = io_uring_refusal(root / "probe")
+            counts = _core.machine_thread_counts(str(root))
+            data = np.full(8192, i, dtype=np.uint8)
+            engine = _core.Engine(str(root), n_read_threads=1, n_write_threads=1)
+            engine.keep_alive([data])
+            engine.submit_store(1, [(str(root / "b"), b"k", data.ctypes.data, data.size)])
+            results.append((refusal, counts, engine.io_engine))
+            del engine  # a queued store and no shutdown(): the binding stops the workers
+        except BaseException as e:  # reported below, with the thread's traceback
+            errors.append(e)
+
+    threads = [threading.Thread(target=probe, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    gc.collect()
+    assert not errors, errors
+    assert len(results) == 8
+    engine_in_use = "psync" if io_uring_refused else "io_uring"
+    assert set(results) == {(io_uring_refused, want_counts, engine_in_use)}
