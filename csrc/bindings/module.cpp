@@ -9,6 +9,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -89,7 +90,15 @@ struct EngineRegistry {
 };
 
 EngineRegistry& registry() {
-  static auto* r = new EngineRegistry;
+  static auto* r = [] {
+    auto* made = new EngineRegistry;
+    // A child forked while another thread held the mutex (creating or dropping an engine)
+    // would wait for it for ever: fork() waits for the mutex instead, and both sides
+    // release it.
+    ::pthread_atfork([] { registry().mutex.lock(); }, [] { registry().mutex.unlock(); },
+                     [] { registry().mutex.unlock(); });
+    return made;
+  }();
   return *r;
 }
 

@@ -32,6 +32,7 @@
 #include "cuda_runtime.hpp"
 #include "mpsc_queue.hpp"
 #include "posix_io.hpp"
+#include "process.hpp"
 
 namespace kvtier {
 namespace {
@@ -216,6 +217,22 @@ std::string cuda_unavailable_reason() {
 }
 
 struct Engine::Impl {
+  // The process that started the workers. A child forked from it inherits this object but
+  // none of its threads, and the mutexes below may have been held by threads that do not
+  // exist there: see inherited().
+  const pid_t owner = detail::current_pid();
+
+  // Whether this is a forked child's copy: its workers never ran in this process, so nothing
+  // may wait for them, or for a lock one of them might have held when the parent forked.
+  bool inherited() const noexcept { return detail::current_pid() != owner; }
+
+  [[noreturn]] void refuse_inherited() const {
+    throw std::runtime_error("kvtier engine was created in process " + std::to_string(owner) +
+                             " and cannot be used in a process forked from it (pid " +
+                             std::to_string(detail::current_pid()) +
+                             "): its worker threads do not exist here; create a new engine "
+                             "in this process, or start child processes with spawn/exec");
+  }
   EngineConfig config;
   detail::RootDir root;
   detail::IoContext io;
@@ -629,6 +646,15 @@ Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std
 }
 
 Engine::~Engine() {
+  if (impl_->inherited()) {
+    // The std::thread objects name threads that do not exist here: joining or destroying
+    // them is undefined (a crash, or std::terminate), and a queue mutex may be locked for
+    // ever. The child's copy of the engine is left as it is: memory the child's exit frees,
+    // and a few descriptors (root, rings), of which the completion eventfd is closed.
+    if (impl_->event_fd >= 0) ::close(impl_->event_fd);
+    (void)impl_.release();
+    return;
+  }
   shutdown();
   while (Job* job = impl_->undelivered) {
     impl_->undelivered = job->undelivered_next;
@@ -641,6 +667,7 @@ Engine::~Engine() {
 void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> blocks,
                     void* cuda_stream) {
   Impl& s = *impl_;
+  if (s.inherited()) s.refuse_inherited();
   bool any_device = false;
   for (const BlockOp& op : blocks) {
     if (op.path.empty()) throw std::invalid_argument("block path must not be empty");
@@ -735,6 +762,7 @@ Completion completion_of(const Job& job) {
 
 std::vector<Completion> Engine::pop_completions(std::size_t max) {
   Impl& s = *impl_;
+  if (s.inherited()) s.refuse_inherited();
   // MpscQueue::try_pop is single-consumer; callers from several threads take turns here.
   std::lock_guard consumer(s.consumer_mutex);
   // Unlink the jobs first (no allocation), then copy them into the result; only when that
@@ -781,6 +809,7 @@ std::vector<Completion> Engine::pop_completions(std::size_t max) {
 
 void Engine::drain() {
   Impl& s = *impl_;
+  if (s.inherited()) s.refuse_inherited();
   std::unique_lock lock(s.mutex);
   // Jobs submitted later (by other threads) get a larger seq and are not waited for, so a
   // steady stream of new work cannot hold drain() forever.
@@ -792,6 +821,7 @@ void Engine::drain() {
 
 void Engine::shutdown() {
   Impl& s = *impl_;
+  if (s.inherited()) return;  // nothing of it runs in this process: nothing to stop
   std::lock_guard serial(s.shutdown_mutex);
   {
     std::lock_guard lock(s.mutex);
@@ -827,6 +857,7 @@ void Engine::shutdown() {
 }
 
 bool Engine::is_shut_down() const noexcept {
+  if (impl_->inherited()) return true;  // refuses every job in this process
   std::lock_guard lock(impl_->mutex);
   return impl_->stopping;
 }
@@ -858,6 +889,7 @@ const EngineConfig& Engine::config() const noexcept {
 
 EngineStats Engine::stats() const {
   Impl& s = *impl_;
+  if (s.inherited()) s.refuse_inherited();
   const Counters& c = s.counters;
   auto get = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   EngineStats st;

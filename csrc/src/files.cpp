@@ -1,7 +1,6 @@
 #include <kvtier/files.hpp>
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,30 +8,9 @@
 #include <cerrno>
 
 #include "posix_io.hpp"
+#include "process.hpp"
 
 namespace kvtier {
-namespace {
-
-// The pid in tmp names, read once per process instead of once per name (getpid is a system
-// call since glibc 2.25). A forked child starts with 0 again, so it names files with its own
-// pid; clone() without fork handlers is only ever followed by exec here (posix_spawn).
-std::atomic<pid_t> g_pid{0};
-
-pid_t current_pid() noexcept {
-  static const bool registered = [] {
-    ::pthread_atfork(nullptr, nullptr, [] { g_pid.store(0, std::memory_order_relaxed); });
-    return true;
-  }();
-  (void)registered;
-  pid_t pid = g_pid.load(std::memory_order_relaxed);
-  if (pid == 0) {
-    pid = ::getpid();
-    g_pid.store(pid, std::memory_order_relaxed);
-  }
-  return pid;
-}
-
-}  // namespace
 
 mode_t directory_mode(mode_t file_mode) noexcept {
   return (file_mode | ((file_mode & 0444) >> 2)) & 0777;
@@ -53,7 +31,7 @@ std::string tmp_file_name(const std::string& final_name) {
   static const std::string host = host_label();
   // Process-wide, so two engines (or an engine and the Python side) never pick the same name.
   static std::atomic<std::uint64_t> counter{0};
-  return final_name + "." + host + "." + std::to_string(current_pid()) + "." +
+  return final_name + "." + host + "." + std::to_string(detail::current_pid()) + "." +
          std::to_string(counter.fetch_add(1, std::memory_order_relaxed)) + ".tmp";
 }
 

@@ -31,6 +31,11 @@ struct EngineStats {
 /// Thread safety: every member may be called from any number of threads at once
 /// (pop_completions() callers take turns; each job is reported to exactly one of them).
 ///
+/// fork(): a child inherits none of the workers. There the engine refuses every job
+/// (submit, pop_completions, drain and stats throw std::runtime_error), is_shut_down() is
+/// true, shutdown() does nothing, and the destructor frees only the completion eventfd (the
+/// rest of the child's copy goes when the child exits). The parent's engine is unaffected.
+///
 /// Read-after-write: a load block whose path has a store block submitted earlier to this
 /// engine and not yet finished waits (parked, without occupying a worker) until no store of
 /// that path is pending, then reads the file those stores left (or misses, when they failed).

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtier import _core
+from kvtier._fork import inherited, owner_process_only, this_process
 from kvtier._rate_limited_log import RateLimitedLog
 from kvtier.gpu.layout import describe_kv_caches
 from kvtier.gpu.options import GPUTransferOptions
@@ -54,6 +55,7 @@ class GPUStorageTransfer(EngineIoReport):
         block_dim: int = 0,
         **options: Any,
     ) -> None:
+        self._owner_pid = this_process()  # a forked child may not use it (kvtier._fork)
         self.options = GPUTransferOptions.parse({"root_dir": root_dir, **options})
         opts = self.options
         self.kv_caches = list(kv_caches)
@@ -98,18 +100,20 @@ class GPUStorageTransfer(EngineIoReport):
         )
         self._refused: list[JobResult] = []
         # Stop the capacity thread even if the transfer is dropped without shutdown().
-        self._finalizer = weakref.finalize(self, self._capacity.close)
+        self._finalizer = weakref.finalize(self, _close, self._capacity, self._owner_pid)
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
         self._admitted: set[JobId] = set()
         self._failure_log = RateLimitedLog(logger)
         self._lock = threading.Lock()
 
     # ---- jobs ------------------------------------------------------------------------------
+    @owner_process_only
     def store(self, job_id: JobId, block_ids: Sequence[int], keys: Sequence[OffloadKey]) -> None:
         """Write blocks ``block_ids`` as ``keys``; returns at once. On a GPU, the copies start
         after the work already queued on the caller's current CUDA stream."""
         self._submit(job_id, block_ids, keys, _core.Direction.STORE)
 
+    @owner_process_only
     def load(self, job_id: JobId, block_ids: Sequence[int], keys: Sequence[OffloadKey]) -> None:
         """Read ``keys`` into blocks ``block_ids``; returns at once. On a GPU, the copies start
         after the work already queued on the caller's current CUDA stream (kernels still
@@ -166,6 +170,7 @@ class GPUStorageTransfer(EngineIoReport):
                 self._capacity.finish_store(len(keys), 0)
             raise
 
+    @owner_process_only
     def get_finished(self) -> list[JobResult]:
         """Every submitted job exactly once, as it finishes; never blocks. Safe from several
         threads at once: each job reaches exactly one caller."""
@@ -203,6 +208,7 @@ class GPUStorageTransfer(EngineIoReport):
             )
         return results
 
+    @owner_process_only
     def drain(self) -> None:
         """Block until every job submitted before the call has finished (results stay for
         get_finished); jobs submitted meanwhile by other threads are not waited for."""
@@ -210,9 +216,12 @@ class GPUStorageTransfer(EngineIoReport):
 
     def shutdown(self) -> None:
         """Running block operations finish, queued ones fail (ECANCELED); idempotent."""
+        if inherited(self._owner_pid):
+            return  # a forked child's copy: nothing of it runs here (see kvtier._fork)
         self._engine.shutdown()
         self._finalizer()
 
+    @owner_process_only
     def stats(self) -> dict[str, int]:
         return {**self._engine.stats(), **self._capacity.stats()}
 
@@ -220,3 +229,9 @@ class GPUStorageTransfer(EngineIoReport):
     def numa_node(self) -> int:
         """The NUMA node the workers are pinned to (``numa_bind``), or -1."""
         return int(self._engine.numa_node)
+
+
+def _close(capacity: CapacityController, owner_pid: int) -> None:
+    # In a forked child (at its exit) the capacity thread and the budget lease are the parent's.
+    if not inherited(owner_pid):
+        capacity.close()

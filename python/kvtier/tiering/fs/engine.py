@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 from kvtier import _core
+from kvtier._fork import after_fork_in_child
 from kvtier.tiering.fs.file_mapper import FileMapper
 from kvtier.tiering.fs.options import StorageOptions
 
@@ -18,6 +19,14 @@ logger = logging.getLogger(__name__)
 # ranks says it once, not once per engine.
 _warned_io_engine_fallbacks: set[str] = set()
 _warned_lock = threading.Lock()
+
+
+@after_fork_in_child
+def _reset_warnings() -> None:
+    # The lock may have been held by another thread of the parent; a child is another process.
+    global _warned_lock
+    _warned_lock = threading.Lock()
+    _warned_io_engine_fallbacks.clear()
 
 
 def open_engine(

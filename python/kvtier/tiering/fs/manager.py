@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier import _core
+from kvtier._fork import inherited, owner_process_only, this_process
 from kvtier._rate_limited_log import RateLimitedLog
 from kvtier.tiering.base import (
     JobId,
@@ -63,6 +64,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         **options: Any,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
+        self._owner_pid = this_process()  # a forked child may not use it (kvtier._fork)
         # Options are taken as **options so that an unknown key is a ValueError naming the
         # valid keys, also when the tier is constructed directly rather than by the factory.
         self.options = FsTierOptions.parse(tier_type, options)
@@ -110,7 +112,9 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         )
         # Stop the resolver and capacity threads even if the tier is dropped without
         # shutdown().
-        self._finalizer = weakref.finalize(self, _close, self._lookups, self._capacity)
+        self._finalizer = weakref.finalize(
+            self, _close, self._lookups, self._capacity, self._owner_pid
+        )
 
         # _lock guards the job table, the ready list and the counters; _consumer_lock keeps
         # the ready list in completion order when get_finished runs on several threads.
@@ -137,12 +141,14 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
 
     # -- lookups ---------------------------------------------------------------------------
 
+    @owner_process_only
     def lookup(self, key: OffloadKey, req_context: ReqContext | None = None) -> bool | None:
         found = self._lookups.lookup(key)
         if found:  # a hit is a use: it keeps the block from eviction (shared recency)
             self._capacity.record_use([self.file_mapper.get_file_name(key)])
         return found
 
+    @owner_process_only
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext | None = None) -> None:
         path_of = self.file_mapper.get_file_name
         self._capacity.record_use([path_of(k) for k in keys])
@@ -157,9 +163,11 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
 
     # -- jobs --------------------------------------------------------------------------------
 
+    @owner_process_only
     def submit_store(self, job: JobMetadata) -> None:
         self._submit(job, is_load=False)
 
+    @owner_process_only
     def submit_load(self, job: JobMetadata) -> None:
         if not self._writable:
             raise ValueError(
@@ -233,6 +241,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         path_of = self.file_mapper.get_file_name
         return [(path_of(k), k, base + b * row, row) for k, b in zip(keys, block_ids)]
 
+    @owner_process_only
     def get_finished(self) -> list[JobResult]:
         self._collect()
         with self._lock:
@@ -277,6 +286,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         successful = ok_keys if job is not None and job.is_load else None
         return JobResult(c.job_id, False, successful, c.bytes, c.seconds, c.error)
 
+    @owner_process_only
     def drain_jobs(self) -> None:
         self._engine.drain()
         # Collect now: drained stores stop counting against max_queued_store_jobs before the
@@ -290,6 +300,8 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
 
         Results of every job stay available from get_finished().
         """
+        if inherited(self._owner_pid):
+            return  # a forked child's copy: nothing of it runs here (see kvtier._fork)
         with self._lock:
             self._shut_down = True
         self._engine.shutdown()
@@ -297,7 +309,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
 
     @property
     def is_shut_down(self) -> bool:
-        return self._shut_down
+        return self._shut_down or inherited(self._owner_pid)
 
     def _check_open(self) -> None:
         if self._shut_down:
@@ -308,6 +320,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             f"Secondary tier '{self.tier_type}' is shut down; submit_store/submit_load refused"
         )
 
+    @owner_process_only
     def stats(self) -> dict[str, int]:
         """Engine counters plus lookup and dropped-store counts."""
         stats: dict[str, int] = dict(self._engine.stats())
@@ -323,7 +336,10 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         return bool(self._engine.direct_io)
 
 
-def _close(lookups: LookupCache, capacity: CapacityController) -> None:
+def _close(lookups: LookupCache, capacity: CapacityController, owner_pid: int) -> None:
+    # In a forked child (at its exit) the threads and the budget lease are the parent's.
+    if inherited(owner_pid):
+        return
     lookups.close()
     capacity.close()
 

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from kvtier._fork import after_fork_in_child
 from kvtier.tiering.fs.capacity.evictor import UNLINK_WORKERS, evict, evictor_lock
 from kvtier.tiering.fs.capacity.ledger import HEARTBEAT_SECONDS, LedgerState, UsageLedger
 from kvtier.tiering.fs.capacity.policy import CapacityPolicy, fs_used_bytes
@@ -46,6 +47,15 @@ MAX_CHUNK_BYTES = 64 << 20
 _instances = itertools.count()
 _registry_lock = threading.Lock()
 _by_root: dict[str, weakref.WeakSet[CapacityController]] = {}
+
+
+@after_fork_in_child
+def _forget_parent_controllers() -> None:
+    # The parent's controllers have no thread here and may be mid-call on its locks: a
+    # child's own tiers must neither wait for them nor fan evictions out to them.
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    _by_root.clear()
 
 
 class CapacityController:

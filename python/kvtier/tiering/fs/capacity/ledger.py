@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier import _core
+from kvtier._fork import after_fork_in_child
 from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME
 from kvtier.tiering.fs.file_mapper import make_tier_directory
 
@@ -44,6 +45,16 @@ LEASE_TIMEOUT_SECONDS = 300.0
 
 _registry_lock = threading.Lock()
 _fds: dict[str, tuple[int, threading.Lock]] = {}
+
+
+@after_fork_in_child
+def _new_thread_locks() -> None:
+    # A lock another thread held at the fork stays locked in the child. The descriptors stay:
+    # fcntl locks belong to a process, so the child's own locks on them are its own.
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    for path, (fd, _) in list(_fds.items()):
+        _fds[path] = (fd, threading.Lock())
 
 
 def _pid_alive(pid: int) -> bool:
