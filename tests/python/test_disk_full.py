@@ -218,3 +218,37 @@ def test_constructor_on_a_full_disk_raises_an_oserror_naming_the_path(
     assert raised.value.filename, raised.value
     assert str(raised.value.filename).startswith(str(root) + os.sep), raised.value
     assert str(root) in str(raised.value)
+
+
+@pytest.mark.parametrize("o_direct", ["auto", True])
+def test_engine_started_on_a_full_disk_keeps_o_direct(small_disk: Path, o_direct: Any) -> None:
+    """A volume that is full when an engine starts (another tenant's files, blocks about to
+    be evicted) says nothing against O_DIRECT: the engine uses it, and stores succeed once
+    there is room. Before, "auto" fell back to buffered I/O for the engine's life and True
+    refused to start."""
+    root = small_disk / "root"
+    probe = core.Engine(str(root), o_direct="auto")
+    if not probe.direct_io:
+        pytest.skip(f"this kernel's tmpfs refuses O_DIRECT: {probe.o_direct_fallback_reason}")
+    probe.shutdown()
+    fill(small_disk)
+    engine = core.Engine(str(root), o_direct=o_direct, n_read_threads=1, n_write_threads=1)
+    try:
+        assert engine.direct_io, engine.o_direct_fallback_reason
+        assert engine.o_direct_fallback_reason == ""
+        _owner, src = rows(1, aligned=True, seed=7)
+        path, key = block(root, 0)
+        engine.submit_store(1, [(path, key, src.ctypes.data, ROW)])
+        c = collect_one(engine, 1)
+        assert c.errno == errno.ENOSPC, c.error  # still full: the store fails cleanly
+        (small_disk / "filler").unlink()
+        engine.submit_store(2, [(path, key, src.ctypes.data, ROW)])
+        c = collect_one(engine, 2)
+        assert c.success, c.error
+        assert engine.stats()["o_direct_fallbacks"] == 0
+        _dst_owner, dst = rows(1, aligned=True, seed=None)
+        engine.submit_load(3, [(path, key, dst.ctypes.data, ROW)])
+        assert collect_one(engine, 3).success
+        assert np.array_equal(dst, src)
+    finally:
+        engine.shutdown()
