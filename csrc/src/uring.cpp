@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -127,6 +128,49 @@ int Ring::init(unsigned entries) noexcept {
 
 bool Ring::supports(unsigned opcode) const noexcept {
   return opcode < 256 && supported_[opcode] != 0;
+}
+
+bool Ring::fixed_buffer(std::size_t slots, std::size_t index, std::uint64_t id, void* data,
+                        std::size_t size) noexcept {
+  if (!table_tried_) {
+    table_tried_ = true;
+    // The kernel's limit on the table (IORING_MAX_REG_BUFFERS): later slots go by address.
+    slots = std::min<std::size_t>(slots, 1U << 14);
+    io_uring_rsrc_register table;
+    std::memset(&table, 0, sizeof(table));
+    table.nr = static_cast<__u32>(slots);
+    table.flags = IORING_RSRC_REGISTER_SPARSE;
+    try {
+      slot_ids_.assign(slots, 0);
+      slot_registered_.assign(slots, false);
+    } catch (...) {
+      slot_ids_.clear();
+      return false;
+    }
+    if (sys_register(fd_, IORING_REGISTER_BUFFERS2, &table, sizeof(table)) != 0) {
+      slot_ids_.clear();
+      slot_registered_.clear();
+    }
+  }
+  if (index >= slot_ids_.size()) return false;
+  if (slot_ids_[index] == id) return slot_registered_[index];
+  iovec buffer{data, size};
+  io_uring_rsrc_update2 update;
+  std::memset(&update, 0, sizeof(update));
+  update.offset = static_cast<__u32>(index);
+  update.data = reinterpret_cast<__u64>(&buffer);
+  update.nr = 1;
+  slot_ids_[index] = id;
+  // Between batches no request uses the slot (the kernel would keep its old buffer alive until
+  // it finished anyway), and within one batch every block holds a different buffer.
+  slot_registered_[index] =
+      sys_register(fd_, IORING_REGISTER_BUFFERS_UPDATE, &update, sizeof(update)) == 1;
+  return slot_registered_[index];
+}
+
+std::size_t Ring::fixed_buffers() const noexcept {
+  return static_cast<std::size_t>(
+      std::count(slot_registered_.begin(), slot_registered_.end(), true));
 }
 
 io_uring_sqe* Ring::get_sqe() noexcept {
