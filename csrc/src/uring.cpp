@@ -168,11 +168,6 @@ bool Ring::fixed_buffer(std::size_t slots, std::size_t index, std::uint64_t id, 
   return slot_registered_[index];
 }
 
-std::size_t Ring::fixed_buffers() const noexcept {
-  return static_cast<std::size_t>(
-      std::count(slot_registered_.begin(), slot_registered_.end(), true));
-}
-
 io_uring_sqe* Ring::get_sqe() noexcept {
   const unsigned head = __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE);
   if (sqe_tail_ - head >= sq_entries_) return nullptr;

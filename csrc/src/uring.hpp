@@ -73,9 +73,6 @@ class Ring {
   bool fixed_buffer(std::size_t slots, std::size_t index, std::uint64_t id, void* data,
                     std::size_t size) noexcept;
 
-  /// How many slots hold a registered buffer (tests).
-  std::size_t fixed_buffers() const noexcept;
-
  private:
   void unmap() noexcept;
 
