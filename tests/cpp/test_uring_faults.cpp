@@ -590,6 +590,41 @@ KV_TEST(more_staged_blocks_than_staging_buffers_all_complete) {
   CHECK(kvtest::tmp_files_below(dir.path()).empty());
 }
 
+KV_TEST(blocks_of_more_segments_than_iov_max_take_the_psync_path) {
+  // One ring entry takes at most IOV_MAX iovecs; psync splits a longer list over several
+  // calls. 1000 segments (plus header and tail page) still fit one entry, 1100 do not.
+  for (std::size_t count : {std::size_t{1000}, std::size_t{1100}}) {
+    TempDir dir;
+    const std::vector<unsigned char> bytes = kvtest::pattern(count * 10 + 3, 21);
+    std::vector<unsigned char> back(bytes.size());
+    auto block = [&](unsigned char* p) {
+      kvtier::BlockOp op;
+      op.path = dir / "d/block";
+      op.key = "k";
+      for (std::size_t i = 0; i < count; ++i)
+        op.segments.push_back(
+            {p + i * 10, std::size_t{i + 1 < count ? 10U : 13U}, kvtier::MemoryKind::kHost});
+      return op;
+    };
+    Opcodes count_ops;
+    kvtier::detail::set_submit_filter(&count_opcodes, &count_ops);
+    {
+      Engine engine(config_for(dir));
+      const Completion s = kvtest::run_job(engine, 1, kvtier::Direction::kStore,
+                                           {block(const_cast<unsigned char*>(bytes.data()))});
+      CHECK_MSG(s.success, kvtest::describe(s));
+      const Completion l =
+          kvtest::run_job(engine, 2, kvtier::Direction::kLoad, {block(back.data())});
+      CHECK_MSG(l.success, kvtest::describe(l));
+    }
+    kvtier::detail::set_submit_filter(nullptr, nullptr);
+    CHECK(back == bytes);
+    const int on_ring = count == 1000 ? 1 : 0;
+    CHECK_EQ(count_ops.seen[IORING_OP_WRITEV].load(), on_ring);
+    CHECK_EQ(count_ops.seen[IORING_OP_READV].load(), on_ring);
+  }
+}
+
 namespace {
 
 // Takes CAP_IPC_LOCK out of this thread's effective set (threads started meanwhile inherit
