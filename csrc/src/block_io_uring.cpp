@@ -149,9 +149,9 @@ void queue_data(const IoContext& ctx, Ring& ring, Block& b, unsigned index, bool
     b.want = kHeaderSize + align_up(b.op->payload_length());
     if (ring.fixed_buffer(ctx.staging->max_buffers(), lease.index(), lease.id(), lease.data(),
                           lease.size())) {
-      io_uring_sqe* sqe = next_sqe(ring, index, kData,
-                                   is_load ? IORING_OP_READ_FIXED : IORING_OP_WRITE_FIXED,
-                                   b.fd.get(), flags);
+      io_uring_sqe* sqe =
+          next_sqe(ring, index, kData, is_load ? IORING_OP_READ_FIXED : IORING_OP_WRITE_FIXED,
+                   b.fd.get(), flags);
       sqe->addr = reinterpret_cast<__u64>(lease.data());
       sqe->len = static_cast<__u32>(b.want);  // a registered buffer is at most 1 GiB
       sqe->buf_index = static_cast<__u16>(lease.index());
@@ -159,8 +159,8 @@ void queue_data(const IoContext& ctx, Ring& ring, Block& b, unsigned index, bool
     }
     b.iov.assign(1, iovec{lease.data(), b.want});
   }
-  io_uring_sqe* sqe = next_sqe(ring, index, kData, is_load ? IORING_OP_READV : IORING_OP_WRITEV,
-                               b.fd.get(), flags);
+  io_uring_sqe* sqe =
+      next_sqe(ring, index, kData, is_load ? IORING_OP_READV : IORING_OP_WRITEV, b.fd.get(), flags);
   sqe->addr = reinterpret_cast<__u64>(b.iov.data());
   sqe->len = static_cast<__u32>(b.iov.size());
 }
@@ -242,8 +242,7 @@ Disposition prepare_store(const IoContext& ctx, WorkerContext& worker, Ring& rin
       return Disposition::kDone;
     }
   } else {
-    const std::uint32_t crc =
-        config.checksum == Checksum::kCrc32c ? payload_crc(*b.payload) : 0;
+    const std::uint32_t crc = config.checksum == Checksum::kCrc32c ? payload_crc(*b.payload) : 0;
     encode_header(pages, op.key, config.fingerprint, op.payload_length(), config.checksum, crc);
     lay_out(b, pages, pages + kHeaderSize, /*is_load=*/false);
   }

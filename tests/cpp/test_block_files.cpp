@@ -12,8 +12,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <functional>
+#include <iterator>
 #include <thread>
 #include <vector>
 
@@ -337,8 +337,8 @@ KV_TEST(staged_blocks_that_fit_one_staging_buffer_round_trip) {
     Memory flat(total, 3);
     flat.fill(bytes);
     CHECK(kvtest::store(engine, 1, dir / "flat", "st", flat.data(), total).success);
-    Completion c = kvtest::run_job(engine, 2, Direction::kStore,
-                                   {seg_block(dir / "seg", segments(true))});
+    Completion c =
+        kvtest::run_job(engine, 2, Direction::kStore, {seg_block(dir / "seg", segments(true))});
     CHECK_MSG(c.success, describe(c));
     for (const char* name : {"flat", "seg"}) {
       Memory back(total, 11);

@@ -351,10 +351,9 @@ KV_TEST(cuda_errors_fail_the_block_and_the_next_job_works) {
   const Standin& fake = Standin::get();
   const char* copy = batch_runtime() ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync";
   for (const char* function : {copy, "cudaStreamWaitEvent", "cudaStreamSynchronize"}) {
-    for (auto [direction, buffer] : {std::pair{Direction::kStore, kPieces},
-                                     std::pair{Direction::kLoad, kPieces},
-                                     std::pair{Direction::kStore, kWhole},
-                                     std::pair{Direction::kLoad, kWhole}}) {
+    for (auto [direction, buffer] :
+         {std::pair{Direction::kStore, kPieces}, std::pair{Direction::kLoad, kPieces},
+          std::pair{Direction::kStore, kWhole}, std::pair{Direction::kLoad, kWhole}}) {
       TempDir dir;
       Kv kv(4, 11);
       {

@@ -438,7 +438,7 @@ KV_TEST(segmented_and_staged_write_failures_fail_the_store_and_remove_the_tmp_fi
       TempDir dir;
       if (!runs_here(dir, shape)) break;
       Fault f;
-  aim(f, shape, kvtier::Direction::kStore, -error);
+      aim(f, shape, kvtier::Direction::kStore, -error);
       auto src = memory_for(shape);
       src->fill(kBytes);
       check_store_failed(run_shaped(dir, f, shape, kvtier::Direction::kStore, *src), error,
@@ -453,7 +453,7 @@ KV_TEST(segmented_and_staged_short_writes_eintr_and_eagain_are_retried) {
       TempDir dir;
       if (!runs_here(dir, shape)) break;
       Fault f;
-  aim(f, shape, kvtier::Direction::kStore, result);
+      aim(f, shape, kvtier::Direction::kStore, result);
       auto src = memory_for(shape);
       src->fill(kBytes);
       const Completion c = run_shaped(dir, f, shape, kvtier::Direction::kStore, *src);
@@ -475,8 +475,8 @@ KV_TEST(staged_fdatasync_and_close_failures_are_reported) {
     auto src = memory_for(shape);
     src->fill(kBytes);
     check_store_failed(
-        run_shaped(dir, f, shape, kvtier::Direction::kStore, *src, kvtier::Durability::kData),
-        EIO, "fdatasync", dir);
+        run_shaped(dir, f, shape, kvtier::Direction::kStore, *src, kvtier::Durability::kData), EIO,
+        "fdatasync", dir);
   }
   if (!kvtier::detail::kRingClosesFiles) return;  // see the test above
   TempDir dir;
@@ -485,8 +485,7 @@ KV_TEST(staged_fdatasync_and_close_failures_are_reported) {
   f.result = -EIO;
   auto src = memory_for(shape);
   src->fill(kBytes);
-  check_store_failed(run_shaped(dir, f, shape, kvtier::Direction::kStore, *src), EIO, "close",
-                     dir);
+  check_store_failed(run_shaped(dir, f, shape, kvtier::Direction::kStore, *src), EIO, "close", dir);
 }
 
 KV_TEST(segmented_and_staged_read_errors_are_reported_and_keep_the_file) {
@@ -496,7 +495,7 @@ KV_TEST(segmented_and_staged_read_errors_are_reported_and_keep_the_file) {
       if (!runs_here(dir, shape)) break;
       store_shaped(dir, shape);
       Fault f;
-  aim(f, shape, kvtier::Direction::kLoad, -error);
+      aim(f, shape, kvtier::Direction::kLoad, -error);
       auto back = memory_for(shape);
       const Completion c = run_shaped(dir, f, shape, kvtier::Direction::kLoad, *back);
       CHECK(!c.success);
@@ -515,7 +514,7 @@ KV_TEST(segmented_and_staged_short_reads_eintr_and_eagain_are_retried) {
       if (!runs_here(dir, shape)) break;
       store_shaped(dir, shape);
       Fault f;
-  aim(f, shape, kvtier::Direction::kLoad, result);
+      aim(f, shape, kvtier::Direction::kLoad, result);
       auto back = memory_for(shape);
       const Completion c = run_shaped(dir, f, shape, kvtier::Direction::kLoad, *back);
       CHECK_MSG(c.success, kvtest::describe(c));
@@ -536,7 +535,7 @@ KV_TEST(segmented_and_staged_loads_of_damaged_files_fail_and_remove_them) {
           .write(reinterpret_cast<const char*>(bytes.data()),
                  static_cast<std::streamsize>(bytes.size()));
       Fault none;
-  aim(none, shape, kvtier::Direction::kLoad, 0, 0);
+      aim(none, shape, kvtier::Direction::kLoad, 0, 0);
       auto back = memory_for(shape);
       const Completion c = run_shaped(dir, none, shape, kvtier::Direction::kLoad, *back);
       CHECK_MSG(!c.success && c.error.errno_value == EBADMSG &&
@@ -573,12 +572,13 @@ KV_TEST(more_staged_blocks_than_staging_buffers_all_complete) {
       }
       engine.submit(static_cast<kvtier::JobId>(job), kvtier::Direction::kStore, stores);
     }
-    for (const Completion& c : kvtest::drain_and_pop(engine, 4)) CHECK_MSG(c.success, kvtest::describe(c));
+    for (const Completion& c : kvtest::drain_and_pop(engine, 4))
+      CHECK_MSG(c.success, kvtest::describe(c));
     std::vector<kvtier::BlockOp> loads;
     for (int i = 0; i < 32; ++i) {
       dst.push_back(std::make_unique<kvtest::Memory>(kBytes.size(), 3));
-      loads.push_back(kvtest::block(dir / ("b/" + std::to_string(i)), "k", dst.back()->data(),
-                                    kBytes.size()));
+      loads.push_back(
+          kvtest::block(dir / ("b/" + std::to_string(i)), "k", dst.back()->data(), kBytes.size()));
     }
     const Completion l = kvtest::run_job(engine, 10, kvtier::Direction::kLoad, loads);
     CHECK_MSG(l.success, kvtest::describe(l));
@@ -638,7 +638,8 @@ class NoMemlock {
     __user_cap_data_struct lowered[2] = {saved_[0], saved_[1]};
     lowered[CAP_TO_INDEX(CAP_IPC_LOCK)].effective &= ~CAP_TO_MASK(CAP_IPC_LOCK);
     const rlimit tiny{64 * 1024, limit_.rlim_max};
-    active_ = ::syscall(SYS_capset, &header_, lowered) == 0 && ::setrlimit(RLIMIT_MEMLOCK, &tiny) == 0;
+    active_ =
+        ::syscall(SYS_capset, &header_, lowered) == 0 && ::setrlimit(RLIMIT_MEMLOCK, &tiny) == 0;
   }
   ~NoMemlock() {
     ::syscall(SYS_capset, &header_, saved_);
