@@ -19,6 +19,13 @@ namespace {
 // result.
 constexpr unsigned kNopInjectResult = 1U << 0;
 
+// IORING_RSRC_REGISTER_SPARSE (kernel 5.19) may be newer than the headers too.
+#ifdef IORING_RSRC_REGISTER_SPARSE
+constexpr unsigned kRegisterSparse = IORING_RSRC_REGISTER_SPARSE;
+#else
+constexpr unsigned kRegisterSparse = 1U << 0;
+#endif
+
 std::atomic<SubmitFilter> g_filter{nullptr};
 std::atomic<void*> g_filter_arg{nullptr};
 
@@ -134,12 +141,13 @@ bool Ring::fixed_buffer(std::size_t slots, std::size_t index, std::uint64_t id, 
                         std::size_t size) noexcept {
   if (!table_tried_) {
     table_tried_ = true;
+    if (!supports(IORING_OP_READ_FIXED) || !supports(IORING_OP_WRITE_FIXED)) return false;
     // The kernel's limit on the table (IORING_MAX_REG_BUFFERS): later slots go by address.
     slots = std::min<std::size_t>(slots, 1U << 14);
     io_uring_rsrc_register table;
     std::memset(&table, 0, sizeof(table));
     table.nr = static_cast<__u32>(slots);
-    table.flags = IORING_RSRC_REGISTER_SPARSE;
+    table.flags = kRegisterSparse;
     try {
       slot_ids_.assign(slots, 0);
       slot_registered_.assign(slots, false);

@@ -122,7 +122,9 @@ int probe_io_uring(std::string& reason) noexcept;
 /// failure breaks a linked chain and cancels the rest exactly as a real one does; a short
 /// count on a linked entry cancels the next one, as a real short read or write does; a close
 /// still runs (a failing close(2) releases the descriptor too), its completion carries the
-/// injected result and the next linked entry is cancelled. Null (the
+/// injected result and the next linked entry is cancelled. Every opcode the engine submits
+/// passes through it, fixed-buffer reads and writes (READ_FIXED/WRITE_FIXED) included, so a
+/// filter that only counts (returns false) shows which way the blocks went. Null (the
 /// default) turns the seam off. Set it while no engine is running.
 using SubmitFilter = bool (*)(const io_uring_sqe& sqe, int& result, void* arg);
 void set_submit_filter(SubmitFilter filter, void* arg) noexcept;
