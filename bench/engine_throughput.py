@@ -8,7 +8,11 @@ lists), and prints GB/s and process CPU seconds per GiB for each direction, next
 directory. ``kvtier bench`` measures the public tier on top of this; see bench/README.md.
 
     python bench/engine_throughput.py [--root DIR] [--sizes 256K,2M] [--total 1G] [--repeat 3]
-                                      [--layout contiguous|segments]
+                                      [--layout contiguous|segments|staged]
+                                      [--io-engines psync,io_uring]
+
+``--io-engines`` runs the engine once per listed I/O engine in every run (alternating, same
+memory and directory), one row each: a same-run A/B of psync against io_uring.
 """
 
 from __future__ import annotations
@@ -51,20 +55,26 @@ def _run_direction(engine, submit, jobs) -> tuple[float, float]:
     return t1 - t0, cpu1 - cpu0
 
 
-def measure(root: Path, primary: PrimaryMemory, args, rep: int) -> dict:
-    directory = root / f"engine-{primary.block_size}-{rep}"
+def measure(root: Path, primary: PrimaryMemory, args, rep: int, io_engine: str) -> dict:
+    directory = root / f"engine-{primary.block_size}-{rep}-{io_engine}"
     directory.mkdir()
     engine = _core.Engine(
         str(directory),
         n_read_threads=args.read_threads,
         n_write_threads=args.write_threads,
         o_direct=True,
+        io_engine=io_engine,
     )
     try:
         n, bs = primary.n_blocks, primary.block_size
         base = _core.buffer_address(primary.view, True)
+        # staged: each block 64 bytes into its row (unaligned under O_DIRECT, so it moves
+        # through a staging buffer) and a page short of it (the whole file then fits one
+        # default 2 MiB staging buffer, which io_uring reads and writes as a fixed buffer).
+        offset, length = (64, bs - 4096) if args.layout == "staged" else (0, bs)
         blocks = [
-            (f"{directory}/{i % 64:02x}/{i}.blk", b"k%d" % i, base + i * bs, bs) for i in range(n)
+            (f"{directory}/{i % 64:02x}/{i}.blk", b"k%d" % i, base + i * bs + offset, length)
+            for i in range(n)
         ]
         per = args.blocks_per_job
         stores = [(1 + j, blocks[s : s + per]) for j, s in enumerate(range(0, n, per))]
@@ -92,10 +102,11 @@ def measure(root: Path, primary: PrimaryMemory, args, rep: int) -> dict:
     finally:
         engine.shutdown()
         shutil.rmtree(directory, ignore_errors=True)
-    gib = n * bs / GiB
+    moved = n * length
+    gib = moved / GiB
     return {
-        "store_gbps": n * bs / store_s / 1e9,
-        "load_gbps": n * bs / load_s / 1e9,
+        "store_gbps": moved / store_s / 1e9,
+        "load_gbps": moved / load_s / 1e9,
         "store_cpu_s_per_gib": store_cpu / gib,
         "load_cpu_s_per_gib": load_cpu / gib,
     }
@@ -114,8 +125,14 @@ def main() -> int:
     parser.add_argument(
         "--layout",
         default="contiguous",
-        choices=["contiguous", "segments"],
-        help="segments: each block as 16 host-memory layers through a BlockLayout",
+        choices=["contiguous", "segments", "staged"],
+        help="segments: each block as 16 host-memory layers through a BlockLayout; staged: "
+        "unaligned contiguous blocks, which O_DIRECT moves through staging buffers",
+    )
+    parser.add_argument(
+        "--io-engines",
+        default="auto",
+        help="comma-separated io_engine values, each run once per run (default auto)",
     )
     args = parser.parse_args()
     try:
@@ -130,13 +147,14 @@ def main() -> int:
         print(f"engine_throughput: error: {exc}", file=sys.stderr)
         return 2
     threads = args.read_threads + args.write_threads
+    io_engines = [e.strip() for e in args.io_engines.split(",") if e.strip()]
     print(
         f"root {args.root.resolve()}, {format_size(total)} per size, {args.blocks_per_job} "
         f"blocks per job, {args.read_threads}+{args.write_threads} threads, O_DIRECT, "
         f"median of {args.repeat} run(s); GB/s = 1e9 B/s, CPU = process CPU s per GiB"
     )
     print(
-        f"{'block':>8} {'who':>7} {'write GB/s':>10} {'read GB/s':>10} "
+        f"{'block':>8} {'who':>8} {'write GB/s':>10} {'read GB/s':>10} "
         f"{'write CPU':>9} {'read CPU':>9}"
     )
     commands = []
@@ -144,10 +162,14 @@ def main() -> int:
         for bs in sizes:
             primary = PrimaryMemory(total // bs, bs)
             primary.fill(seed=bs)
-            engine_runs, fio_runs = [], []
+            engine_runs = {e: [] for e in io_engines}
+            fio_runs = []
             try:
-                for rep in range(args.repeat):  # engine and fio alternate: side by side
-                    engine_runs.append(measure(scratch, primary, args, rep))
+                for rep in range(args.repeat):  # engines and fio alternate: side by side
+                    for io_engine in io_engines:
+                        engine_runs[io_engine].append(
+                            measure(scratch, primary, args, rep, io_engine)
+                        )
                     if not args.no_fio and fio_available():
                         fio_runs.append(
                             run_fio(
@@ -164,23 +186,27 @@ def main() -> int:
             def med(runs, key):
                 return statistics.median(r[key] for r in runs)
 
-            print(
-                f"{format_size(bs):>8} {'engine':>7} {med(engine_runs, 'store_gbps'):10.2f} "
-                f"{med(engine_runs, 'load_gbps'):10.2f} "
-                f"{med(engine_runs, 'store_cpu_s_per_gib'):9.3f} "
-                f"{med(engine_runs, 'load_cpu_s_per_gib'):9.3f}"
-            )
+            for io_engine, runs in engine_runs.items():
+                who = "engine" if io_engine == "auto" else io_engine
+                print(
+                    f"{format_size(bs):>8} {who:>8} {med(runs, 'store_gbps'):10.2f} "
+                    f"{med(runs, 'load_gbps'):10.2f} "
+                    f"{med(runs, 'store_cpu_s_per_gib'):9.3f} "
+                    f"{med(runs, 'load_cpu_s_per_gib'):9.3f}"
+                )
             if fio_runs:
                 w, r = med(fio_runs, "write_gbps"), med(fio_runs, "read_gbps")
                 print(
-                    f"{format_size(bs):>8} {'fio':>7} {w:10.2f} {r:10.2f} "
+                    f"{format_size(bs):>8} {'fio':>8} {w:10.2f} {r:10.2f} "
                     f"{med(fio_runs, 'write_cpu_s_per_gib'):9.3f} "
                     f"{med(fio_runs, 'read_cpu_s_per_gib'):9.3f}"
                 )
-                print(
-                    f"{'':>8} {'engine':>7} {med(engine_runs, 'store_gbps') / w:10.0%} "
-                    f"{med(engine_runs, 'load_gbps') / r:10.0%}  of fio"
-                )
+                for io_engine, runs in engine_runs.items():
+                    who = "engine" if io_engine == "auto" else io_engine
+                    print(
+                        f"{'':>8} {who:>8} {med(runs, 'store_gbps') / w:10.0%} "
+                        f"{med(runs, 'load_gbps') / r:10.0%}  of fio"
+                    )
                 commands += [fio_runs[0]["write_command"], fio_runs[0]["read_command"]]
     except BenchError as exc:
         print(f"engine_throughput: error: {exc}", file=sys.stderr)

@@ -55,17 +55,11 @@ const std::vector<Segment>* staged_segments(const BlockOp& op, bool direct,
   return &scratch;
 }
 
-namespace {
-
-// The host memory a payload that goes in place occupies: the op's segments, or its contiguous
-// buffer as one segment.
 const std::vector<Segment>& in_place_payload(const BlockOp& op, std::vector<Segment>& scratch) {
   if (!op.segments.empty()) return op.segments;
   scratch = {{op.data, op.length, MemoryKind::kHost}};
   return scratch;
 }
-
-}  // namespace
 
 std::vector<iovec> file_iov(unsigned char* header, unsigned char* tail_page,
                             const std::vector<Segment>& payload, bool direct, bool store,
@@ -99,16 +93,12 @@ std::vector<iovec> file_iov(unsigned char* header, unsigned char* tail_page,
   return iov;
 }
 
-namespace {
-
 std::uint32_t payload_crc(const std::vector<Segment>& payload) {
   std::uint32_t crc = 0;
   for (const Segment& seg : payload)
     if (seg.length > 0) crc = crc32c(seg.address, seg.length, crc);
   return crc;
 }
-
-}  // namespace
 
 BlockResult failure(int error, const char* operation, const std::string& path,
                     std::string message) {
@@ -121,18 +111,6 @@ BlockResult failure(int error, const char* operation, const std::string& path,
 }
 
 namespace {
-
-// A step that failed: errno-style code, the step's name and optional detail.
-struct StepError {
-  StepError() = default;
-  StepError(int error_value, const char* op, std::string detail = {})
-      : error(error_value), operation(op), message(std::move(detail)) {}
-  explicit operator bool() const noexcept { return error != 0; }
-
-  int error = 0;
-  const char* operation = "";
-  std::string message;
-};
 
 StepError cuda_failure(const cuda::Api& api, cuda::Error e, const char* operation) {
   // CUDA errors have no errno; EIO marks them as I/O failures, the message names them.
@@ -248,9 +226,17 @@ class SegmentCopier {
   std::vector<std::size_t> sizes_;
 };
 
-// ---- opening ------------------------------------------------------------------------------
-
 }  // namespace
+
+StepError copy_staged(const IoContext& ctx, WorkerContext& worker,
+                      const std::vector<Segment>& segments, unsigned char* staging, std::size_t n,
+                      bool to_staging, cuda::Event ready) {
+  SegmentCopier copier(ctx, worker, segments);
+  if (StepError e = copier.wait_for(ready)) return e;
+  return copier.copy(staging, n, to_staging);
+}
+
+// ---- opening ------------------------------------------------------------------------------
 
 bool locate(const IoContext& ctx, const std::string& path, bool create, Location& out,
             BlockResult& result) {

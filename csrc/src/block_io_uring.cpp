@@ -9,8 +9,22 @@
 // lock (no io_uring opcode takes an fcntl lock, and the lock must hold before anything could
 // sweep the file), and the load's fstat, which keeps FIFOs and devices from ever being read
 // (io_uring would wait on a FIFO's poll instead of honouring O_NONBLOCK). So files are opened
-// as ordinary descriptors, not into fixed-file slots. Payloads that need a staging buffer
-// (device segments, unaligned memory under O_DIRECT) take the psync path.
+// as ordinary descriptors, not into fixed-file slots.
+//
+// Payloads, as the psync path lays them out (file_iov, staged_segments):
+// - Host memory that goes to the file in place (a contiguous buffer or segments, e.g. one per
+//   layer) is the data step's iovec list: header page, the caller's memory, the tail page.
+//   More than IOV_MAX iovecs take the psync path (one ring entry cannot carry them).
+// - Staged payloads (device segments, unaligned memory under O_DIRECT) whose whole file image,
+//   header page plus payload padded to a page, fits in one staging buffer go through that
+//   buffer as one READ_FIXED/WRITE_FIXED: each ring registers the pool's buffers in a sparse
+//   fixed-buffer table, slot = the buffer's index in the pool, as it first meets them. A store
+//   gathers the segments into the buffer first (CUDA copies waited for); a load verifies the
+//   header and CRC in the buffer and only then scatters. Where the kernel refuses the table
+//   or a buffer (RLIMIT_MEMLOCK), the buffer goes by address (READV/WRITEV), still on the
+//   ring. Larger payloads move piece by piece on the psync path, and so does a block that
+//   finds no buffer free: a worker never waits for one while holding others, and gives back
+//   all it holds before any block of the batch runs on the psync path (which does wait).
 //
 // Failures keep the psync engine's reports: a step that fails outright is reported with the
 // psync step's name ("pwrite", "pread", "fdatasync", "close", "rename", "fsync"); anything
@@ -19,14 +33,17 @@
 // then decides exactly as the psync engine does.
 
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 
 #include <kvtier/files.hpp>
 #include <kvtier/format.hpp>
@@ -59,9 +76,20 @@ struct Block {
   FileDescriptor fd, lock_holder;
   bool direct = false;
   bool fell_back = false;
-  iovec iov[3] = {};
-  unsigned iov_count = 0;
-  std::size_t want = 0;  // bytes the read or write must move
+  // In place: the host memory the iovecs cover. Staged: the segments the lease is gathered
+  // from or scattered to.
+  const std::vector<Segment>* payload = nullptr;
+  std::vector<Segment> scratch;  // a contiguous payload as one segment
+  std::vector<iovec> iov;        // the data step's iovecs (READV/WRITEV)
+  std::size_t tail = 0;          // see file_iov
+  const unsigned char* header = nullptr;
+  // Staged: the whole file image (header, payload, zeros to a page) in one staging buffer,
+  // held until its completion is reaped (and, for a load, copied out).
+  bool staged = false;
+  std::optional<StagingPool::Lease> lease;
+  bool verified = false;  // a staged load that verified in the lease and was copied out
+  StepError copy_error;   // ... or whose copy out failed
+  std::size_t want = 0;   // bytes the read or write must move
   int res[kSteps] = {};
 };
 
@@ -75,19 +103,79 @@ io_uring_sqe* next_sqe(Ring& ring, unsigned index, Step step, unsigned char opco
   return sqe;
 }
 
+// Which way a block's payload goes, decided before any file is touched: in place (host
+// memory, contiguous or segments, as the file's iovecs), staged (one staging buffer holds the
+// whole file image), or the psync path.
+Disposition route(const IoContext& ctx, Block& b) {
+  const BlockOp& op = *b.op;
+  const std::vector<Segment>* staged = staged_segments(op, ctx.direct, b.scratch);
+  if (staged == nullptr) {
+    b.payload = &in_place_payload(op, b.scratch);
+    // file_iov adds the header and at most one page; one ring entry takes at most IOV_MAX
+    // iovecs (the psync path splits a longer list over several calls).
+    return b.payload->size() + 2 <= IOV_MAX ? Disposition::kQueued : Disposition::kPsync;
+  }
+  b.payload = staged;
+  // The header shares the buffer (one fixed-buffer read or write per block): a payload
+  // larger than a buffer less a page moves piece by piece on the psync path.
+  if (kHeaderSize + align_up(op.payload_length()) > ctx.staging->buffer_size())
+    return Disposition::kPsync;
+  // Never waits: this worker may hold buffers for earlier blocks of the batch already, and
+  // waiting for one while holding others could wait forever.
+  std::optional<StagingPool::Lease> lease = ctx.staging->try_acquire();
+  if (!lease) return Disposition::kPsync;
+  b.lease.emplace(std::move(*lease));
+  b.staged = true;
+  b.header = b.lease->data();
+  return Disposition::kQueued;
+}
+
 // The file's bytes as the psync engine lays them out (file_iov): header, the payload in
 // place, and a last page through `tail` where O_DIRECT or a store's padding needs one. Loads
 // read into the same pieces.
 void lay_out(Block& b, unsigned char* header, unsigned char* tail, bool is_load) {
-  const std::vector<Segment> payload{{b.op->data, b.op->length, MemoryKind::kHost}};
-  std::size_t tail_len = 0;
-  const std::vector<iovec> iov = file_iov(header, tail, payload, b.direct, !is_load, tail_len);
-  b.iov_count = 0;
+  b.header = header;
+  b.iov = file_iov(header, tail, *b.payload, b.direct, !is_load, b.tail);
   b.want = 0;
-  for (const iovec& v : iov) {  // at most header, payload, last page: fits b.iov
-    b.iov[b.iov_count++] = v;
-    b.want += v.iov_len;
+  for (const iovec& v : b.iov) b.want += v.iov_len;
+}
+
+// The data step: a staged block's file image as a registered buffer (READ_FIXED/WRITE_FIXED)
+// where the ring holds one for its lease, else by address; a block in place, its iovecs.
+void queue_data(const IoContext& ctx, Ring& ring, Block& b, unsigned index, bool is_load,
+                unsigned char flags) {
+  if (b.staged) {
+    StagingPool::Lease& lease = *b.lease;
+    b.want = kHeaderSize + align_up(b.op->payload_length());
+    if (ring.fixed_buffer(ctx.staging->max_buffers(), lease.index(), lease.id(), lease.data(),
+                          lease.size())) {
+      io_uring_sqe* sqe =
+          next_sqe(ring, index, kData, is_load ? IORING_OP_READ_FIXED : IORING_OP_WRITE_FIXED,
+                   b.fd.get(), flags);
+      sqe->addr = reinterpret_cast<__u64>(lease.data());
+      sqe->len = static_cast<__u32>(b.want);  // a registered buffer is at most 1 GiB
+      sqe->buf_index = static_cast<__u16>(lease.index());
+      return;
+    }
+    b.iov.assign(1, iovec{lease.data(), b.want});
   }
+  io_uring_sqe* sqe =
+      next_sqe(ring, index, kData, is_load ? IORING_OP_READV : IORING_OP_WRITEV, b.fd.get(), flags);
+  sqe->addr = reinterpret_cast<__u64>(b.iov.data());
+  sqe->len = static_cast<__u32>(b.iov.size());
+}
+
+// Whether the header read into b.header belongs to the op and, where it carries a CRC32C,
+// the payload's bytes (`crc`, called only then) match it.
+template <typename Crc>
+bool verifies(const IoContext& ctx, const Block& b, Crc&& crc) {
+  const EngineConfig& config = *ctx.config;
+  DecodedHeader decoded;
+  if (!verify_header(b.header, b.op->key, config.fingerprint, b.op->payload_length(), decoded)
+           .empty())
+    return false;
+  return config.checksum != Checksum::kCrc32c || decoded.checksum_kind != kChecksumKindCrc32c ||
+         crc() == decoded.payload_crc;
 }
 
 // ---- store ----------------------------------------------------------------------------------
@@ -100,21 +188,33 @@ void discard_tmp(Block& b) noexcept {
   b.lock_holder.reset();
 }
 
-void fail_store(Block& b, int error, const char* operation) {
+void fail_store(Block& b, int error, const char* operation, std::string message = {}) {
   discard_tmp(b);
-  *b.out = failure(error, operation, b.loc.path_of(b.tmp));
+  *b.out = failure(error, operation, b.loc.path_of(b.tmp), std::move(message));
   b.out->o_direct_fallback = b.fell_back;
 }
 
-Disposition prepare_store(const IoContext& ctx, Ring& ring, Block& b, unsigned index,
-                          unsigned char* pages) {
+// A staged store's file image in its lease: the payload gathered after the header page (device
+// runs copied after `ready`), zeros to the next page, and the header with the payload's CRC.
+StepError fill_lease(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Event ready) {
+  const EngineConfig& config = *ctx.config;
+  unsigned char* image = b.lease->data();
+  const std::size_t total = b.op->payload_length();
+  if (StepError e = copy_staged(ctx, worker, *b.payload, image + kHeaderSize, total,
+                                /*to_staging=*/true, ready))
+    return e;
+  const std::uint32_t crc =
+      config.checksum == Checksum::kCrc32c ? crc32c(image + kHeaderSize, total) : 0;
+  std::memset(image + kHeaderSize + total, 0, align_up(total) - total);
+  encode_header(image, b.op->key, config.fingerprint, total, config.checksum, crc);
+  return {};
+}
+
+Disposition prepare_store(const IoContext& ctx, WorkerContext& worker, Ring& ring, Block& b,
+                          unsigned index, unsigned char* pages, cuda::Event ready) {
   const BlockOp& op = *b.op;
   const EngineConfig& config = *ctx.config;
-  // Segmented payloads (in place or staged) and unaligned O_DIRECT buffers take the psync
-  // path; the ring carries one contiguous buffer per block.
-  std::vector<Segment> scratch;
-  if (!op.segments.empty() || staged_segments(op, ctx.direct, scratch) != nullptr)
-    return Disposition::kPsync;
+  if (route(ctx, b) == Disposition::kPsync) return Disposition::kPsync;
   BlockResult& result = *b.out;
   if (!locate(ctx, op.path, /*create=*/true, b.loc, result)) return Disposition::kDone;
   // No existence check first: like the psync path, the rename (RENAME_NOREPLACE) finds a
@@ -135,18 +235,24 @@ Disposition prepare_store(const IoContext& ctx, Ring& ring, Block& b, unsigned i
     fail_store(b, errno, "dup");
     return Disposition::kDone;
   }
-  const std::uint32_t crc = config.checksum == Checksum::kCrc32c ? crc32c(op.data, op.length) : 0;
-  unsigned char* header = pages;
-  encode_header(header, op.key, config.fingerprint, op.length, config.checksum, crc);
-  lay_out(b, header, pages + kHeaderSize, /*is_load=*/false);
+  if (b.staged) {
+    // As write_segments: a failed copy fails the block (the tmp file goes).
+    if (StepError e = fill_lease(ctx, worker, b, ready)) {
+      fail_store(b, e.error, e.operation, std::move(e.message));
+      return Disposition::kDone;
+    }
+  } else {
+    const std::uint32_t crc = config.checksum == Checksum::kCrc32c ? payload_crc(*b.payload) : 0;
+    encode_header(pages, op.key, config.fingerprint, op.payload_length(), config.checksum, crc);
+    lay_out(b, pages, pages + kHeaderSize, /*is_load=*/false);
+  }
 
   // The last entry of a chain must not link: it would link to the next block's chain.
   const bool data_sync = config.durability != Durability::kNone;
   const bool dir_sync = config.durability == Durability::kFull;
-  io_uring_sqe* sqe = next_sqe(ring, index, kData, IORING_OP_WRITEV, b.fd.get(),
-                               data_sync || kRingClosesFiles ? IOSQE_IO_LINK : 0);
-  sqe->addr = reinterpret_cast<__u64>(b.iov);
-  sqe->len = b.iov_count;
+  queue_data(ctx, ring, b, index, /*is_load=*/false,
+             data_sync || kRingClosesFiles ? IOSQE_IO_LINK : 0);
+  io_uring_sqe* sqe = nullptr;
   if (data_sync) {
     sqe = next_sqe(ring, index, kSync, IORING_OP_FSYNC, b.fd.get(),
                    kRingClosesFiles ? IOSQE_IO_LINK : 0);
@@ -240,11 +346,7 @@ void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
 Disposition prepare_load(const IoContext& ctx, Ring& ring, Block& b, unsigned index,
                          unsigned char* pages) {
   const BlockOp& op = *b.op;
-  // Segmented payloads (in place or staged) and unaligned O_DIRECT buffers take the psync
-  // path; the ring carries one contiguous buffer per block.
-  std::vector<Segment> scratch;
-  if (!op.segments.empty() || staged_segments(op, ctx.direct, scratch) != nullptr)
-    return Disposition::kPsync;
+  if (route(ctx, b) == Disposition::kPsync) return Disposition::kPsync;
   BlockResult& result = *b.out;
   if (!locate(ctx, op.path, /*create=*/false, b.loc, result)) return Disposition::kDone;
   b.direct = ctx.direct;
@@ -262,18 +364,28 @@ Disposition prepare_load(const IoContext& ctx, Ring& ring, Block& b, unsigned in
     result = not_regular(op.path, st.st_mode);
     return Disposition::kDone;
   }
-  lay_out(b, pages, pages + kHeaderSize, /*is_load=*/true);
+  if (!b.staged) lay_out(b, pages, pages + kHeaderSize, /*is_load=*/true);
   // A hard link: the close runs whatever the read did, so no descriptor outlives the batch.
-  io_uring_sqe* sqe = next_sqe(ring, index, kData, IORING_OP_READV, b.fd.get(),
-                               kRingClosesFiles ? IOSQE_IO_HARDLINK : 0);
-  sqe->addr = reinterpret_cast<__u64>(b.iov);
-  sqe->len = b.iov_count;
+  queue_data(ctx, ring, b, index, /*is_load=*/true, kRingClosesFiles ? IOSQE_IO_HARDLINK : 0);
   if (kRingClosesFiles) next_sqe(ring, index, kClose, IORING_OP_CLOSE, b.fd.get(), 0);
   return Disposition::kQueued;
 }
 
+// A staged load once its read is reaped: the header and the payload's CRC are checked in the
+// lease, and only a block that verifies is copied out (device runs after `ready`), so a wrong
+// file never reaches the caller's memory. Anything else is finish_load's to decide.
+void unstage_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Event ready) {
+  const int got = b.res[kData];
+  if (got < 0 || static_cast<std::size_t>(got) != b.want) return;
+  const unsigned char* payload = b.lease->data() + kHeaderSize;
+  const std::size_t total = b.op->payload_length();
+  if (!verifies(ctx, b, [&] { return crc32c(payload, total); })) return;
+  b.copy_error = copy_staged(ctx, worker, *b.payload, b.lease->data() + kHeaderSize, total,
+                             /*to_staging=*/false, ready);
+  b.verified = !b.copy_error;
+}
+
 void finish_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Event ready) {
-  const EngineConfig& config = *ctx.config;
   const BlockOp& op = *b.op;
   // Closed by the ring unless it never ran there; a read-only close has nothing to report.
   if (b.res[kClose] != -ECANCELED) b.fd.release();
@@ -284,18 +396,21 @@ void finish_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Ev
     b.out->o_direct_fallback = b.fell_back;
     return;
   }
-  bool good = got >= 0 && static_cast<std::size_t>(got) == b.want;
-  if (good) {
-    const auto* header = static_cast<const unsigned char*>(b.iov[0].iov_base);
-    auto* data = static_cast<unsigned char*>(op.data);
-    const std::size_t body = b.direct ? op.length / kAlignment * kAlignment : op.length;
-    if (body < op.length)
-      std::memcpy(data + body, b.iov[b.iov_count - 1].iov_base, op.length - body);
-    DecodedHeader decoded;
-    good = verify_header(header, op.key, config.fingerprint, op.payload_length(), decoded).empty();
-    if (good && config.checksum == Checksum::kCrc32c &&
-        decoded.checksum_kind == kChecksumKindCrc32c)
-      good = crc32c(op.data, op.length) == decoded.payload_crc;
+  if (b.copy_error) {  // as read_segments reports a failed copy out of staging
+    *b.out = failure(b.copy_error.error, b.copy_error.operation, op.path,
+                     std::move(b.copy_error.message));
+    b.out->o_direct_fallback = b.fell_back;
+    return;
+  }
+  bool good = b.verified;
+  if (!b.staged && got >= 0 && static_cast<std::size_t>(got) == b.want) {
+    if (b.tail > 0) {  // the partial last page, read through the tail page (see read_in_place)
+      const Segment& last = *std::find_if(b.payload->rbegin(), b.payload->rend(),
+                                          [](const Segment& seg) { return seg.length > 0; });
+      std::memcpy(static_cast<unsigned char*>(last.address) + last.length - b.tail,
+                  b.iov.back().iov_base, b.tail);
+    }
+    good = verifies(ctx, b, [&] { return payload_crc(*b.payload); });
   }
   if (!good) {
     // A short read, EINTR/EAGAIN or a file that does not verify: the psync path reads it again
@@ -358,8 +473,8 @@ void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
     for (int& r : b.res) r = -ECANCELED;  // steps that were never queued
     unsigned char* pages = worker.batch_pages.data() + i * kPagesPerBlock;
     try {
-      b.how =
-          is_load ? prepare_load(ctx, *ring, b, i, pages) : prepare_store(ctx, *ring, b, i, pages);
+      b.how = is_load ? prepare_load(ctx, *ring, b, i, pages)
+                      : prepare_store(ctx, worker, *ring, b, i, pages, ready);
     } catch (const std::bad_alloc&) {
       // Nothing is queued before the last allocation of a prepare step; a tmp file it made
       // goes (a load's descriptors close with the Block).
@@ -370,6 +485,19 @@ void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
   }
   // Each entry completes exactly once (cancelled ones too): wait for all of them.
   if (const unsigned sqes = ring->pending()) complete(*ring, blocks, sqes);
+  // Staging buffers go back before any block takes the psync path, which waits for one.
+  for (unsigned i = 0; i < n; ++i) {
+    Block& b = blocks[i];
+    if (!b.lease) continue;
+    if (is_load && b.how == Disposition::kQueued) {
+      try {
+        unstage_load(ctx, worker, b, ready);
+      } catch (const std::bad_alloc&) {
+        b.copy_error = StepError(ENOMEM, "load", "out of memory");
+      }
+    }
+    b.lease.reset();
+  }
   for (unsigned i = 0; i < n; ++i) {
     Block& b = blocks[i];
     if (b.how == Disposition::kPsync) {

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,13 @@ namespace {
 // with this flag in nop_flags (the union that holds rw_flags) completes with sqe->len as its
 // result.
 constexpr unsigned kNopInjectResult = 1U << 0;
+
+// IORING_RSRC_REGISTER_SPARSE (kernel 5.19) may be newer than the headers too.
+#ifdef IORING_RSRC_REGISTER_SPARSE
+constexpr unsigned kRegisterSparse = IORING_RSRC_REGISTER_SPARSE;
+#else
+constexpr unsigned kRegisterSparse = 1U << 0;
+#endif
 
 std::atomic<SubmitFilter> g_filter{nullptr};
 std::atomic<void*> g_filter_arg{nullptr};
@@ -127,6 +135,45 @@ int Ring::init(unsigned entries) noexcept {
 
 bool Ring::supports(unsigned opcode) const noexcept {
   return opcode < 256 && supported_[opcode] != 0;
+}
+
+bool Ring::fixed_buffer(std::size_t slots, std::size_t index, std::uint64_t id, void* data,
+                        std::size_t size) noexcept {
+  if (!table_tried_) {
+    table_tried_ = true;
+    if (!supports(IORING_OP_READ_FIXED) || !supports(IORING_OP_WRITE_FIXED)) return false;
+    // The kernel's limit on the table (IORING_MAX_REG_BUFFERS): later slots go by address.
+    slots = std::min<std::size_t>(slots, 1U << 14);
+    io_uring_rsrc_register table;
+    std::memset(&table, 0, sizeof(table));
+    table.nr = static_cast<__u32>(slots);
+    table.flags = kRegisterSparse;
+    try {
+      slot_ids_.assign(slots, 0);
+      slot_registered_.assign(slots, false);
+    } catch (...) {
+      slot_ids_.clear();
+      return false;
+    }
+    if (sys_register(fd_, IORING_REGISTER_BUFFERS2, &table, sizeof(table)) != 0) {
+      slot_ids_.clear();
+      slot_registered_.clear();
+    }
+  }
+  if (index >= slot_ids_.size()) return false;
+  if (slot_ids_[index] == id) return slot_registered_[index];
+  iovec buffer{data, size};
+  io_uring_rsrc_update2 update;
+  std::memset(&update, 0, sizeof(update));
+  update.offset = static_cast<__u32>(index);
+  update.data = reinterpret_cast<__u64>(&buffer);
+  update.nr = 1;
+  slot_ids_[index] = id;
+  // Between batches no request uses the slot (the kernel would keep its old buffer alive until
+  // it finished anyway), and within one batch every block holds a different buffer.
+  slot_registered_[index] =
+      sys_register(fd_, IORING_REGISTER_BUFFERS_UPDATE, &update, sizeof(update)) == 1;
+  return slot_registered_[index];
 }
 
 io_uring_sqe* Ring::get_sqe() noexcept {

@@ -63,6 +63,16 @@ class Ring {
   /// Whether the kernel supports `opcode` (IORING_REGISTER_PROBE).
   bool supports(unsigned opcode) const noexcept;
 
+  /// Fixed buffers for IORING_OP_READ_FIXED/WRITE_FIXED, filled slot by slot: whether slot
+  /// `index` holds [data, data + size), the buffer `id` names (ids are never reused), after
+  /// registering it there if it does not yet. The first call registers a sparse table of
+  /// `slots` entries (IORING_REGISTER_BUFFERS2 with IORING_RSRC_REGISTER_SPARSE). False where
+  /// the buffer must go by address instead: no table (kernels before 5.19), `index` beyond it,
+  /// or the kernel refused the buffer (ENOMEM over RLIMIT_MEMLOCK without CAP_IPC_LOCK); a
+  /// refused buffer is not offered to the kernel again.
+  bool fixed_buffer(std::size_t slots, std::size_t index, std::uint64_t id, void* data,
+                    std::size_t size) noexcept;
+
  private:
   void unmap() noexcept;
 
@@ -90,6 +100,11 @@ class Ring {
     int result;
   };
   std::vector<Rewrite> rewrites_;  // completions the test seam reports differently
+  // The fixed-buffer table: per slot the id of the buffer offered there (0: none), and
+  // whether the kernel took it.
+  bool table_tried_ = false;
+  std::vector<std::uint64_t> slot_ids_;
+  std::vector<bool> slot_registered_;
 };
 
 /// The opcodes the block operations need (read, write, fsync, close, rename).
@@ -107,7 +122,9 @@ int probe_io_uring(std::string& reason) noexcept;
 /// failure breaks a linked chain and cancels the rest exactly as a real one does; a short
 /// count on a linked entry cancels the next one, as a real short read or write does; a close
 /// still runs (a failing close(2) releases the descriptor too), its completion carries the
-/// injected result and the next linked entry is cancelled. Null (the
+/// injected result and the next linked entry is cancelled. Every opcode the engine submits
+/// passes through it, fixed-buffer reads and writes (READ_FIXED/WRITE_FIXED) included, so a
+/// filter that only counts (returns false) shows which way the blocks went. Null (the
 /// default) turns the seam off. Set it while no engine is running.
 using SubmitFilter = bool (*)(const io_uring_sqe& sqe, int& result, void* arg);
 void set_submit_filter(SubmitFilter filter, void* arg) noexcept;

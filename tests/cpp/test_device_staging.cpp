@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine_helpers.hpp"
+#include "uring.hpp"
 
 namespace {
 
@@ -163,15 +164,36 @@ class Kv {
   std::vector<unsigned char> a_, b_, host_;
 };
 
+// 8192-byte buffers move a block in two pieces (the psync path, on either engine); 32 KiB ones
+// hold a block's whole file, which the io_uring engine then reads or writes as one
+// registered buffer.
+constexpr std::size_t kPieces = 8192, kWhole = 32768;
+
 EngineConfig device_config(const TempDir& dir, int device = 0, unsigned readers = 2,
-                           unsigned writers = 2) {
+                           unsigned writers = 2, std::size_t buffer_bytes = kPieces) {
   EngineConfig c = kvtest::engine_config(dir, kvtier::ODirectMode::kOff, readers, writers);
   c.use_cuda = true;
   c.cuda_device = device;
-  c.staging_buffer_bytes = 8192;
-  c.staging_bytes_total = 4 * 8192;
+  c.staging_buffer_bytes = buffer_bytes;
+  c.staging_bytes_total = 4 * buffer_bytes;
   return c;
 }
+
+// Counts the io_uring submission entries by opcode (through the ring's test seam).
+struct Opcodes {
+  Opcodes() { kvtier::detail::set_submit_filter(&count, this); }
+  ~Opcodes() { kvtier::detail::set_submit_filter(nullptr, nullptr); }
+  Opcodes(const Opcodes&) = delete;
+  Opcodes& operator=(const Opcodes&) = delete;
+  int operator[](unsigned opcode) const { return seen[opcode].load(); }
+
+ private:
+  static bool count(const io_uring_sqe& sqe, int&, void* arg) {
+    static_cast<Opcodes*>(arg)->seen[sqe.opcode].fetch_add(1);
+    return false;
+  }
+  std::atomic<int> seen[256] = {};
+};
 
 std::vector<BlockOp> ops(const TempDir& dir, Kv& kv, const std::vector<std::string>& names,
                          const std::vector<std::size_t>& blocks) {
@@ -223,6 +245,30 @@ KV_TEST(device_blocks_round_trip_through_pinned_staging) {
   CHECK(fake.calls("cudaMemcpyAsync") + fake.calls("cudaMemcpyBatchAsync") > copies_before);
   CHECK_EQ(fake.pageable_copies(), pageable_before);  // every copy used pinned staging
   if (batch_runtime()) CHECK(fake.calls("cudaMemcpyBatchAsync") > 0);
+}
+
+KV_TEST(device_blocks_that_fit_one_buffer_use_registered_buffers_on_io_uring) {
+  const Standin& fake = Standin::get();
+  TempDir dir;
+  Kv kv(8, 19);
+  const long pageable_before = fake.pageable_copies();
+  Opcodes ring;  // engines start after it, stop before it goes
+  {
+    Engine engine(device_config(dir, 0, 2, 2, kWhole));
+    const std::vector<std::string> names{"b0", "b1", "b2", "b3"};
+    const Completion s = run(engine, 1, Direction::kStore, ops(dir, kv, names, {0, 1, 2, 3}));
+    CHECK_MSG(s.success, kvtest::describe(s));
+    for (std::size_t b = 4; b < 8; ++b) kv.zero(b);
+    const Completion l = run(engine, 2, Direction::kLoad, ops(dir, kv, names, {7, 6, 5, 4}));
+    CHECK_MSG(l.success, kvtest::describe(l));
+    for (std::size_t b = 0; b < 4; ++b) CHECK(kv.bytes(7 - b) == kv.bytes(b));
+    CHECK_EQ(kvtest::file_size(dir / "b0"), off_t(4096 + 16384));  // as the psync path writes
+  }
+  CHECK_EQ(fake.pageable_copies(), pageable_before);
+  // One fixed-buffer write and read per block on io_uring; psync never touches a ring.
+  const bool uring = kvtest::io_engine_under_test() == kvtier::IoEngine::kIoUring;
+  CHECK_EQ(ring[IORING_OP_WRITE_FIXED], uring ? 4 : 0);
+  CHECK_EQ(ring[IORING_OP_READ_FIXED], uring ? 4 : 0);
 }
 
 KV_TEST(store_copies_after_the_kernels_on_the_callers_stream) {
@@ -305,16 +351,18 @@ KV_TEST(cuda_errors_fail_the_block_and_the_next_job_works) {
   const Standin& fake = Standin::get();
   const char* copy = batch_runtime() ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync";
   for (const char* function : {copy, "cudaStreamWaitEvent", "cudaStreamSynchronize"}) {
-    for (Direction direction : {Direction::kStore, Direction::kLoad}) {
+    for (auto [direction, buffer] :
+         {std::pair{Direction::kStore, kPieces}, std::pair{Direction::kLoad, kPieces},
+          std::pair{Direction::kStore, kWhole}, std::pair{Direction::kLoad, kWhole}}) {
       TempDir dir;
       Kv kv(4, 11);
       {
-        Engine setup(device_config(dir));
+        Engine setup(device_config(dir, 0, 2, 2, buffer));
         const Completion s = run(setup, 1, Direction::kStore, ops(dir, kv, {"present"}, {0}));
         CHECK_MSG(s.success, kvtest::describe(s));
       }
       // One worker: jobs run in order, so the one-shot fault hits job 2 and job 3 is clean.
-      Engine engine(device_config(dir, 0, 0, 1));
+      Engine engine(device_config(dir, 0, 0, 1, buffer));
       CallerStream stream;
       fake.fail(function, 1, 700);
       const bool store = direction == Direction::kStore;

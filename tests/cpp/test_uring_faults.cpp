@@ -6,11 +6,18 @@
 // file is left behind and that no descriptor leaks.
 
 #include <dirent.h>
+#include <linux/capability.h>
 #include <linux/io_uring.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -283,6 +290,406 @@ KV_TEST(a_failed_block_does_not_disturb_the_rest_of_its_batch) {
   }
   CHECK(kvtest::tmp_files_below(dir.path()).empty());
   CHECK_EQ(open_fds(), fds);
+}
+
+// ---- payloads as engines give them: segments in place, staged through registered buffers ----
+
+namespace {
+
+// kSegments: host memory as segments (one per layer, one of them empty) that go to the file in
+// place, the iovec list over them. kStaged: unaligned memory under O_DIRECT, which moves
+// through a staging buffer the ring has registered (READ_FIXED/WRITE_FIXED).
+enum class Shape { kSegments, kStaged };
+constexpr Shape kShapes[] = {Shape::kSegments, Shape::kStaged};
+
+const char* name(Shape shape) {
+  return shape == Shape::kSegments ? "segments" : "staged";
+}
+
+// Staging needs a file system with O_DIRECT (tmpfs has none).
+bool runs_here(const TempDir& dir, Shape shape) {
+  if (shape == Shape::kSegments) return true;
+  const std::string why = kvtier::probe_o_direct(dir.path());
+  if (!why.empty())
+    std::printf("  no O_DIRECT in %s (%s): staged blocks not exercised\n", dir.path().c_str(),
+                why.c_str());
+  return why.empty();
+}
+
+EngineConfig shape_config(const TempDir& dir, Shape shape,
+                          kvtier::Durability durability = kvtier::Durability::kNone) {
+  EngineConfig c = config_for(dir, durability);
+  if (shape == Shape::kStaged) {
+    c.o_direct = kvtier::ODirectMode::kOn;
+    c.staging_buffer_bytes = 32768;  // the header page and the 16 KiB padded payload fit
+    c.staging_bytes_total = 4 * c.staging_buffer_bytes;
+  }
+  return c;
+}
+
+// Memory for kBytes in the shape's alignment (staged: one byte past a page).
+std::unique_ptr<kvtest::Memory> memory_for(Shape shape) {
+  return std::make_unique<kvtest::Memory>(kBytes.size(), shape == Shape::kStaged ? 1 : 0);
+}
+
+kvtier::BlockOp shaped_block(const std::string& path, Shape shape, kvtest::Memory& memory) {
+  if (shape == Shape::kStaged) return kvtest::block(path, "k", memory.data(), memory.size());
+  kvtier::BlockOp op;
+  op.path = path;
+  op.key = "k";
+  unsigned char* p = memory.data();
+  op.segments = {{p, 5000, kvtier::MemoryKind::kHost},
+                 {p + 5000, 0, kvtier::MemoryKind::kHost},
+                 {p + 5000, memory.size() - 5000, kvtier::MemoryKind::kHost}};
+  return op;
+}
+
+unsigned data_opcode(Shape shape, kvtier::Direction direction) {
+  const bool load = direction == kvtier::Direction::kLoad;
+  if (shape == Shape::kSegments) return load ? IORING_OP_READV : IORING_OP_WRITEV;
+  return load ? IORING_OP_READ_FIXED : IORING_OP_WRITE_FIXED;
+}
+
+// Runs one block of `shape` under `fault` (checked to have hit as often as it should); no
+// descriptor leaks and no tmp file stays behind.
+Completion run_shaped(const TempDir& dir, Fault& fault, Shape shape, kvtier::Direction direction,
+                      kvtest::Memory& memory,
+                      kvtier::Durability durability = kvtier::Durability::kNone) {
+  const std::size_t fds = open_fds();
+  Completion c;
+  {
+    Inject on(fault);
+    Engine engine(shape_config(dir, shape, durability));
+    CHECK(engine.io_engine() == kvtier::IoEngine::kIoUring);
+    c = kvtest::run_job(engine, 1, direction, {shaped_block(dir / "d/block", shape, memory)});
+  }
+  CHECK_EQ(fault.injected.load(), fault.times);
+  CHECK(kvtest::tmp_files_below(dir.path()).empty());
+  CHECK_EQ(open_fds(), fds);
+  return c;
+}
+
+// Aims `f` at the data step of `shape` and `direction`: `times` entries complete with `result`.
+void aim(Fault& f, Shape shape, kvtier::Direction direction, int result, int times = 1) {
+  f.opcode = data_opcode(shape, direction);
+  f.result = result;
+  f.times = times;
+}
+
+void store_shaped(const TempDir& dir, Shape shape) {
+  Fault none;
+  aim(none, shape, kvtier::Direction::kStore, 0, 0);
+  auto src = memory_for(shape);
+  src->fill(kBytes);
+  const Completion c = run_shaped(dir, none, shape, kvtier::Direction::kStore, *src);
+  CHECK_MSG(c.success, kvtest::describe(c));
+  CHECK_EQ(none.seen.load(), 1);  // on the ring, not the psync path
+}
+
+void check_loads_back(const TempDir& dir, Shape shape) {
+  Fault none;
+  aim(none, shape, kvtier::Direction::kLoad, 0, 0);
+  auto back = memory_for(shape);
+  const Completion c = run_shaped(dir, none, shape, kvtier::Direction::kLoad, *back);
+  CHECK_MSG(c.success, kvtest::describe(c));
+  CHECK_EQ(none.seen.load(), 1);
+  CHECK(back->equals(kBytes));
+}
+
+std::vector<unsigned char> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Counts every submission entry by opcode, injecting nothing.
+struct Opcodes {
+  std::atomic<int> seen[256] = {};
+};
+
+bool count_opcodes(const io_uring_sqe& sqe, int&, void* arg) {
+  static_cast<Opcodes*>(arg)->seen[sqe.opcode].fetch_add(1);
+  return false;
+}
+
+}  // namespace
+
+KV_TEST(segmented_and_staged_blocks_go_through_the_ring_byte_exact) {
+  for (Shape shape : kShapes) {
+    TempDir dir;
+    if (!runs_here(dir, shape)) continue;
+    store_shaped(dir, shape);  // checks the ring wrote it
+    check_loads_back(dir, shape);
+    // The file is the one the psync engine writes for the same payload.
+    EngineConfig psync = kvtest::engine_config(dir, kvtier::ODirectMode::kOff, 1, 1);
+    psync.io_engine = kvtier::IoEngine::kPsync;
+    {
+      Engine engine(psync);
+      const Completion c =
+          kvtest::store(engine, 1, dir / "d/reference", "k", kBytes.data(), kBytes.size());
+      CHECK_MSG(c.success, kvtest::describe(c));
+    }
+    CHECK_MSG(file_bytes(dir / "d/block") == file_bytes(dir / "d/reference"), name(shape));
+  }
+}
+
+KV_TEST(segmented_and_staged_write_failures_fail_the_store_and_remove_the_tmp_file) {
+  for (Shape shape : kShapes) {
+    for (int error : {ENOSPC, EIO}) {
+      TempDir dir;
+      if (!runs_here(dir, shape)) break;
+      Fault f;
+      aim(f, shape, kvtier::Direction::kStore, -error);
+      auto src = memory_for(shape);
+      src->fill(kBytes);
+      check_store_failed(run_shaped(dir, f, shape, kvtier::Direction::kStore, *src), error,
+                         "pwrite", dir);
+    }
+  }
+}
+
+KV_TEST(segmented_and_staged_short_writes_eintr_and_eagain_are_retried) {
+  for (Shape shape : kShapes) {
+    for (int result : {100, 0, -EINTR, -EAGAIN}) {
+      TempDir dir;
+      if (!runs_here(dir, shape)) break;
+      Fault f;
+      aim(f, shape, kvtier::Direction::kStore, result);
+      auto src = memory_for(shape);
+      src->fill(kBytes);
+      const Completion c = run_shaped(dir, f, shape, kvtier::Direction::kStore, *src);
+      CHECK_MSG(c.success, kvtest::describe(c));
+      check_loads_back(dir, shape);
+    }
+  }
+}
+
+KV_TEST(staged_fdatasync_and_close_failures_are_reported) {
+  const Shape shape = Shape::kStaged;
+  {
+    TempDir dir;
+    if (!runs_here(dir, shape)) return;
+    Fault f;
+    f.opcode = IORING_OP_FSYNC;
+    f.fsync_flags = IORING_FSYNC_DATASYNC;
+    f.result = -EIO;
+    auto src = memory_for(shape);
+    src->fill(kBytes);
+    check_store_failed(
+        run_shaped(dir, f, shape, kvtier::Direction::kStore, *src, kvtier::Durability::kData), EIO,
+        "fdatasync", dir);
+  }
+  if (!kvtier::detail::kRingClosesFiles) return;  // see the test above
+  TempDir dir;
+  Fault f;
+  f.opcode = IORING_OP_CLOSE;
+  f.result = -EIO;
+  auto src = memory_for(shape);
+  src->fill(kBytes);
+  check_store_failed(run_shaped(dir, f, shape, kvtier::Direction::kStore, *src), EIO, "close", dir);
+}
+
+KV_TEST(segmented_and_staged_read_errors_are_reported_and_keep_the_file) {
+  for (Shape shape : kShapes) {
+    for (int error : {EIO, ENOMEM}) {
+      TempDir dir;
+      if (!runs_here(dir, shape)) break;
+      store_shaped(dir, shape);
+      Fault f;
+      aim(f, shape, kvtier::Direction::kLoad, -error);
+      auto back = memory_for(shape);
+      const Completion c = run_shaped(dir, f, shape, kvtier::Direction::kLoad, *back);
+      CHECK(!c.success);
+      CHECK_EQ(c.error.errno_value, error);
+      CHECK_EQ(c.error.operation, std::string("pread"));
+      CHECK_EQ(c.error.path, dir / "d/block");
+      CHECK(kvtest::file_exists(dir / "d/block"));
+    }
+  }
+}
+
+KV_TEST(segmented_and_staged_short_reads_eintr_and_eagain_are_retried) {
+  for (Shape shape : kShapes) {
+    for (int result : {4096, 0, -EINTR, -EAGAIN}) {
+      TempDir dir;
+      if (!runs_here(dir, shape)) break;
+      store_shaped(dir, shape);
+      Fault f;
+      aim(f, shape, kvtier::Direction::kLoad, result);
+      auto back = memory_for(shape);
+      const Completion c = run_shaped(dir, f, shape, kvtier::Direction::kLoad, *back);
+      CHECK_MSG(c.success, kvtest::describe(c));
+      CHECK(back->equals(kBytes));
+    }
+  }
+}
+
+KV_TEST(segmented_and_staged_loads_of_damaged_files_fail_and_remove_them) {
+  for (Shape shape : kShapes) {
+    for (off_t at : {off_t{20}, off_t{4096 + 12000}}) {  // the header's key, the payload
+      TempDir dir;
+      if (!runs_here(dir, shape)) break;
+      store_shaped(dir, shape);
+      std::vector<unsigned char> bytes = file_bytes(dir / "d/block");
+      bytes[static_cast<std::size_t>(at)] ^= 0x40;
+      std::ofstream(dir / "d/block", std::ios::binary | std::ios::trunc)
+          .write(reinterpret_cast<const char*>(bytes.data()),
+                 static_cast<std::streamsize>(bytes.size()));
+      Fault none;
+      aim(none, shape, kvtier::Direction::kLoad, 0, 0);
+      auto back = memory_for(shape);
+      const Completion c = run_shaped(dir, none, shape, kvtier::Direction::kLoad, *back);
+      CHECK_MSG(!c.success && c.error.errno_value == EBADMSG &&
+                    c.error.operation == std::string("verify"),
+                kvtest::describe(c));
+      CHECK(!kvtest::file_exists(dir / "d/block"));
+    }
+  }
+}
+
+KV_TEST(more_staged_blocks_than_staging_buffers_all_complete) {
+  // Eight staged blocks a batch, two buffers for two writers: blocks that find none free take
+  // the psync path (after the batch gave its buffers back), and nothing waits forever.
+  TempDir dir;
+  if (!runs_here(dir, Shape::kStaged)) return;
+  EngineConfig config = shape_config(dir, Shape::kStaged);
+  config.n_write_threads = 2;
+  config.n_read_threads = 2;
+  config.staging_bytes_total = 2 * config.staging_buffer_bytes;
+  Opcodes count;
+  kvtier::detail::set_submit_filter(&count_opcodes, &count);
+  {
+    Engine engine(config);
+    std::vector<std::unique_ptr<kvtest::Memory>> src, dst;
+    std::vector<std::vector<unsigned char>> payloads;
+    for (int job = 0; job < 4; ++job) {
+      std::vector<kvtier::BlockOp> stores;
+      for (int i = 0; i < 8; ++i) {
+        payloads.push_back(kvtest::pattern(kBytes.size(), 100 + job * 8 + i));
+        src.push_back(std::make_unique<kvtest::Memory>(kBytes.size(), 1 + i));
+        src.back()->fill(payloads.back());
+        stores.push_back(kvtest::block(dir / ("b/" + std::to_string(job * 8 + i)), "k",
+                                       src.back()->data(), kBytes.size()));
+      }
+      engine.submit(static_cast<kvtier::JobId>(job), kvtier::Direction::kStore, stores);
+    }
+    for (const Completion& c : kvtest::drain_and_pop(engine, 4))
+      CHECK_MSG(c.success, kvtest::describe(c));
+    std::vector<kvtier::BlockOp> loads;
+    for (int i = 0; i < 32; ++i) {
+      dst.push_back(std::make_unique<kvtest::Memory>(kBytes.size(), 3));
+      loads.push_back(
+          kvtest::block(dir / ("b/" + std::to_string(i)), "k", dst.back()->data(), kBytes.size()));
+    }
+    const Completion l = kvtest::run_job(engine, 10, kvtier::Direction::kLoad, loads);
+    CHECK_MSG(l.success, kvtest::describe(l));
+    for (int i = 0; i < 32; ++i) CHECK(dst[i]->equals(payloads[i]));
+  }
+  kvtier::detail::set_submit_filter(nullptr, nullptr);
+  CHECK(count.seen[IORING_OP_WRITE_FIXED].load() > 0);
+  CHECK(count.seen[IORING_OP_READ_FIXED].load() > 0);
+  CHECK(kvtest::tmp_files_below(dir.path()).empty());
+}
+
+KV_TEST(blocks_of_more_segments_than_iov_max_take_the_psync_path) {
+  // One ring entry takes at most IOV_MAX iovecs; psync splits a longer list over several
+  // calls. 1000 segments (plus header and tail page) still fit one entry, 1100 do not.
+  for (std::size_t count : {std::size_t{1000}, std::size_t{1100}}) {
+    TempDir dir;
+    const std::vector<unsigned char> bytes = kvtest::pattern(count * 10 + 3, 21);
+    std::vector<unsigned char> back(bytes.size());
+    auto block = [&](unsigned char* p) {
+      kvtier::BlockOp op;
+      op.path = dir / "d/block";
+      op.key = "k";
+      for (std::size_t i = 0; i < count; ++i)
+        op.segments.push_back(
+            {p + i * 10, std::size_t{i + 1 < count ? 10U : 13U}, kvtier::MemoryKind::kHost});
+      return op;
+    };
+    Opcodes count_ops;
+    kvtier::detail::set_submit_filter(&count_opcodes, &count_ops);
+    {
+      Engine engine(config_for(dir));
+      const Completion s = kvtest::run_job(engine, 1, kvtier::Direction::kStore,
+                                           {block(const_cast<unsigned char*>(bytes.data()))});
+      CHECK_MSG(s.success, kvtest::describe(s));
+      const Completion l =
+          kvtest::run_job(engine, 2, kvtier::Direction::kLoad, {block(back.data())});
+      CHECK_MSG(l.success, kvtest::describe(l));
+    }
+    kvtier::detail::set_submit_filter(nullptr, nullptr);
+    CHECK(back == bytes);
+    const int on_ring = count == 1000 ? 1 : 0;
+    CHECK_EQ(count_ops.seen[IORING_OP_WRITEV].load(), on_ring);
+    CHECK_EQ(count_ops.seen[IORING_OP_READV].load(), on_ring);
+  }
+}
+
+namespace {
+
+// Takes CAP_IPC_LOCK out of this thread's effective set (threads started meanwhile inherit
+// that) and lowers RLIMIT_MEMLOCK, so the kernel refuses to pin registered buffers (ENOMEM),
+// as it does for an unprivileged user over the limit; both come back on destruction.
+class NoMemlock {
+ public:
+  NoMemlock() {
+    if (::syscall(SYS_capget, &header_, saved_) != 0 || ::getrlimit(RLIMIT_MEMLOCK, &limit_) != 0)
+      return;
+    __user_cap_data_struct lowered[2] = {saved_[0], saved_[1]};
+    lowered[CAP_TO_INDEX(CAP_IPC_LOCK)].effective &= ~CAP_TO_MASK(CAP_IPC_LOCK);
+    const rlimit tiny{64 * 1024, limit_.rlim_max};
+    active_ =
+        ::syscall(SYS_capset, &header_, lowered) == 0 && ::setrlimit(RLIMIT_MEMLOCK, &tiny) == 0;
+  }
+  ~NoMemlock() {
+    ::syscall(SYS_capset, &header_, saved_);
+    ::setrlimit(RLIMIT_MEMLOCK, &limit_);
+  }
+  NoMemlock(const NoMemlock&) = delete;
+  NoMemlock& operator=(const NoMemlock&) = delete;
+  bool active() const noexcept { return active_; }
+
+ private:
+  __user_cap_header_struct header_{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct saved_[2] = {};
+  rlimit limit_{};
+  bool active_ = false;
+};
+
+}  // namespace
+
+KV_TEST(staged_blocks_go_by_address_where_buffers_cannot_be_registered) {
+  TempDir dir;
+  if (!runs_here(dir, Shape::kStaged)) return;
+  EngineConfig config = shape_config(dir, Shape::kStaged);
+  config.staging_buffer_bytes = std::size_t{1} << 20;  // over the lowered limit
+  config.staging_bytes_total = 2 * config.staging_buffer_bytes;
+  Opcodes count;
+  auto src = memory_for(Shape::kStaged);
+  auto back = memory_for(Shape::kStaged);
+  src->fill(kBytes);
+  {
+    NoMemlock limited;
+    if (!limited.active()) {
+      std::printf("  cannot drop CAP_IPC_LOCK or lower RLIMIT_MEMLOCK here: not exercised\n");
+      return;
+    }
+    kvtier::detail::set_submit_filter(&count_opcodes, &count);
+    Engine engine(config);
+    CHECK(engine.io_engine() == kvtier::IoEngine::kIoUring);
+    const Completion s = kvtest::run_job(engine, 1, kvtier::Direction::kStore,
+                                         {shaped_block(dir / "d/block", Shape::kStaged, *src)});
+    CHECK_MSG(s.success, kvtest::describe(s));
+    const Completion l = kvtest::run_job(engine, 2, kvtier::Direction::kLoad,
+                                         {shaped_block(dir / "d/block", Shape::kStaged, *back)});
+    CHECK_MSG(l.success, kvtest::describe(l));
+  }
+  kvtier::detail::set_submit_filter(nullptr, nullptr);
+  CHECK(back->equals(kBytes));
+  // Still on the ring, from the staging buffer by address.
+  CHECK_EQ(count.seen[IORING_OP_WRITE_FIXED].load() + count.seen[IORING_OP_READ_FIXED].load(), 0);
+  CHECK_EQ(count.seen[IORING_OP_WRITEV].load(), 1);
+  CHECK_EQ(count.seen[IORING_OP_READV].load(), 1);
 }
 
 namespace {

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -192,3 +194,97 @@ def test_seccomp_refusal_falls_back_and_io_uring_raises(tmp_path: Path, code: in
         pytest.skip("seccomp is Linux only")
     result = _run_child(tmp_path, _SECCOMP.format(code=code))
     _check_refused(result, code)
+
+
+# Stores and loads 16 blocks as the adapters hand them over: 16 host layers per block through
+# a BlockLayout ("segments"), or unaligned rows under O_DIRECT, which move through a staging
+# buffer ("staged"). os.uname() marks the measured part in the trace.
+_RING_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    from kvtier import _core as core
+
+    root, layout, io_engine = sys.argv[1:4]
+    n, size, layers = 16, 64 * 1024, 16
+    rows = np.random.default_rng(5).integers(0, 256, size=(n + 1) * size, dtype=np.uint8)
+    back = np.zeros_like(rows)
+    engine = core.Engine(root, n_read_threads=1, n_write_threads=1, io_engine=io_engine,
+                         o_direct=layout == "staged")
+    assert engine.io_engine == io_engine
+    paths = [f"{root}/{i:02d}.kvb" for i in range(n)]
+    keys = [b"k%d" % i for i in range(n)]
+
+    def run(direction, memory, job):
+        base = memory.ctypes.data
+        if layout == "segments":
+            part = size // layers
+            regions = [(base + r * n * part, part, n, [(0, part)], False) for r in range(layers)]
+            engine.submit_blocks(job, direction, paths, keys, list(range(n)),
+                                 core.BlockLayout(regions))
+        else:
+            blocks = [(p, k, base + 1 + i * size, size)
+                      for i, (p, k) in enumerate(zip(paths, keys))]
+            store = direction == core.Direction.STORE
+            (engine.submit_store if store else engine.submit_load)(job, blocks)
+        engine.drain()
+        (c,) = engine.pop_completions()
+        assert c.success, c.error
+
+    os.uname()
+    run(core.Direction.STORE, rows, 1)
+    run(core.Direction.LOAD, back, 2)
+    os.uname()
+    engine.shutdown()
+    span = slice(1, 1 + n * size) if layout == "staged" else slice(0, n * size)
+    assert np.array_equal(back[span], rows[span])
+    print("ok")
+    """
+)
+
+
+# A system call's name, and an io_uring_register's opcode as strace decodes it.
+_CALL = re.compile(r"\d+ +(?:io_uring_register\(\d+, )?(\w+)\(?")
+
+
+@pytest.mark.parametrize("layout", ["segments", "staged"])
+def test_segmented_and_staged_blocks_go_through_the_ring(tmp_path: Path, layout: str) -> None:
+    """Under io_uring neither kind of block falls back to pwritev/preadv: their data moves in
+    io_uring_enter (staged ones from registered buffers); psync moves them with pwritev/preadv."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace (apt-get install strace)")
+    if reason := io_uring_refusal(tmp_path / "probe"):
+        pytest.skip(f"io_uring is refused here: {reason}")
+    root = tmp_path / "root"
+    root.mkdir()
+    if layout == "staged" and (why := core.probe_o_direct(str(root))):
+        pytest.skip(f"staging needs O_DIRECT, which {root} refuses: {why}")
+    data_calls = {"pwritev", "preadv", "pwrite64", "pread64", "pwritev2", "preadv2"}
+    traced = ",".join(sorted(data_calls | {"io_uring_enter", "io_uring_register", "uname"}))
+    counts = {}
+    for io_engine in ("psync", "io_uring"):
+        trace = tmp_path / f"{io_engine}.trace"
+        for stale in root.iterdir():
+            stale.unlink()
+        proc = subprocess.run(
+            [
+                "strace", "-f", "-o", str(trace),
+                "-e", "trace=" + traced,
+                sys.executable, "-c", _RING_CHILD, str(root), layout, io_engine,
+            ],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+        lines = trace.read_text().splitlines()
+        marks = [i for i, line in enumerate(lines) if " uname(" in line]
+        assert len(marks) >= 2, lines[-20:]
+        # "pid name(args" (a call split by another thread's also has a "<... name resumed>"
+        # line, not counted again).
+        calls = [m.group(1) for m in map(_CALL.match, lines[marks[-2] : marks[-1]]) if m]
+        counts[io_engine] = {name: calls.count(name) for name in set(calls)}
+    psync, uring = counts["psync"], counts["io_uring"]
+    assert psync.get("pwritev", 0) >= 16 and psync.get("preadv", 0) >= 16, psync
+    assert not data_calls & uring.keys(), uring
+    assert uring.get("io_uring_enter", 0) >= 4, uring  # batches of at most 8 blocks
+    # Staging buffers registered as fixed buffers, segments need none.
+    assert (uring.get("IORING_REGISTER_BUFFERS_UPDATE", 0) > 0) == (layout == "staged"), uring
