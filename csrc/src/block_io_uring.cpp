@@ -2,8 +2,16 @@
 // reaches the kernel in one io_uring_enter, each block as a linked chain.
 //
 //   store: [sync: open directory, create + OFD-lock the tmp file, dup the lock holder]
-//          writev -> [fdatasync] -> close -> renameat(RENAME_NOREPLACE) -> [fsync directory]
+//          writev -> [fdatasync]
+//          [sync: close, renameat2(RENAME_NOREPLACE), fsync directory]
 //   load:  [sync: open directory, open + fstat the block file]  readv => close
+//
+// A store's close and rename stay off the ring because of what the kernel does with them
+// (docs/PERFORMANCE.md section 9): file systems without async buffered writes (ext4, tmpfs)
+// hand every ring writev to an io-wq worker thread; an entry linked behind it then returns to
+// this thread as task work, and renameat always goes to io-wq again. On the ring a block cost
+// 4-5 context switches and three io-wq hand-offs; done here after the batch's writes, the
+// same close and rename cost what they cost psync, leaving one hand-off per block.
 //
 // Steps stay synchronous where a later step needs their result on this thread: the tmp file's
 // lock (no io_uring opcode takes an fcntl lock, and the lock must hold before anything could
@@ -39,7 +47,7 @@ namespace kvtier::detail {
 namespace {
 
 // Which step of a block a completion belongs to: user_data = block * kSteps + step.
-enum Step : unsigned { kData, kSync, kClose, kRename, kDirSync, kSteps };
+enum Step : unsigned { kData, kSync, kClose, kSteps };
 
 // The ring holds a whole batch: every entry is reaped before the next batch is prepared.
 constexpr unsigned kRingEntries = 64;
@@ -128,8 +136,8 @@ Disposition prepare_store(const IoContext& ctx, Ring& ring, Block& b, unsigned i
     fail_store(b, errno, "fchmod");
     return Disposition::kDone;
   }
-  // The ring closes `fd` before the rename (a close reports deferred write errors, which must
-  // stop the publish); the OFD lock lives on in this duplicate until the tmp name is gone.
+  // `fd` is closed before the rename (a close reports deferred write errors, which must stop
+  // the publish); the OFD lock lives on in this duplicate until the tmp name is gone.
   b.lock_holder = FileDescriptor(::fcntl(b.fd.get(), F_DUPFD_CLOEXEC, 0));
   if (!b.lock_holder) {
     fail_store(b, errno, "dup");
@@ -140,29 +148,16 @@ Disposition prepare_store(const IoContext& ctx, Ring& ring, Block& b, unsigned i
   encode_header(header, op.key, config.fingerprint, op.length, config.checksum, crc);
   lay_out(b, header, pages + kHeaderSize, /*is_load=*/false);
 
-  // The last entry of a chain must not link: it would link to the next block's chain.
+  // The last entry of a chain must not link: it would link to the next block's chain. Close,
+  // rename and the directory's fsync follow in finish_store (see the top of this file).
   const bool data_sync = config.durability != Durability::kNone;
-  const bool dir_sync = config.durability == Durability::kFull;
   io_uring_sqe* sqe = next_sqe(ring, index, kData, IORING_OP_WRITEV, b.fd.get(),
-                               data_sync || kRingClosesFiles ? IOSQE_IO_LINK : 0);
+                               data_sync ? IOSQE_IO_LINK : 0);
   sqe->addr = reinterpret_cast<__u64>(b.iov);
   sqe->len = b.iov_count;
   if (data_sync) {
-    sqe = next_sqe(ring, index, kSync, IORING_OP_FSYNC, b.fd.get(),
-                   kRingClosesFiles ? IOSQE_IO_LINK : 0);
+    sqe = next_sqe(ring, index, kSync, IORING_OP_FSYNC, b.fd.get(), 0);
     sqe->fsync_flags = IORING_FSYNC_DATASYNC;
-  }
-  if (!kRingClosesFiles) return Disposition::kQueued;  // close and rename: see finish_store
-  next_sqe(ring, index, kClose, IORING_OP_CLOSE, b.fd.get(), IOSQE_IO_LINK);
-  sqe = next_sqe(ring, index, kRename, IORING_OP_RENAMEAT, b.loc.dir.get(),
-                 dir_sync ? IOSQE_IO_LINK : 0);
-  sqe->addr = reinterpret_cast<__u64>(b.tmp.c_str());
-  sqe->addr2 = reinterpret_cast<__u64>(b.loc.name.c_str());
-  sqe->len = static_cast<__u32>(b.loc.dir.get());
-  sqe->rename_flags = RENAME_NOREPLACE;  // the first writer of a key wins (see publish)
-  if (dir_sync) {
-    // Linked after the rename: a dedup (EEXIST) cancels it, as psync skips it then.
-    next_sqe(ring, index, kDirSync, IORING_OP_FSYNC, b.loc.dir.get(), 0);
   }
   return Disposition::kQueued;
 }
@@ -170,9 +165,6 @@ Disposition prepare_store(const IoContext& ctx, Ring& ring, Block& b, unsigned i
 void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Event ready) {
   const EngineConfig& config = *ctx.config;
   const int* res = b.res;
-  // Unless the close was cancelled, the kernel has released the descriptor (even when the
-  // close reported an error).
-  if (res[kClose] != -ECANCELED) b.fd.release();
   const int written = res[kData];
   if (written < 0 && written != -EINTR && written != -EAGAIN)
     return fail_store(b, -written, "pwrite");
@@ -185,28 +177,16 @@ void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
   }
   if (config.durability != Durability::kNone && res[kSync] < 0)
     return fail_store(b, -res[kSync], "fdatasync");
-  // Steps the ring did not run (cancelled, or never queued) run here, in the same order.
-  int closed = res[kClose];
-  if (closed == -ECANCELED) closed = -b.fd.close_checked();
-  if (closed < 0) return fail_store(b, -closed, "close");
+  if (int e = b.fd.close_checked()) return fail_store(b, e, "close");
   bool already_there = false;
-  const int renamed = res[kRename];
-  if (renamed == -EEXIST) {
-    already_there = true;
-  } else if (renamed == -EINVAL || renamed == -ENOSYS || renamed == -EOPNOTSUPP ||
-             renamed == -ECANCELED) {
-    // No RENAME_NOREPLACE on this file system: publish() knows the fallback.
-    if (int e = publish(b.loc.dir.get(), b.tmp, b.loc.name, already_there))
-      return fail_store(b, e, "rename");
-  } else if (renamed == -ENOENT) {
+  if (int e = publish(b.loc.dir.get(), b.tmp, b.loc.name, already_there)) {
+    if (e != ENOENT) return fail_store(b, e, "rename");
     // The tmp name vanished while the file stayed linked (a sweep's unlink of an open file
     // on NFS is a silly rename): the psync path writes the block again under a new name.
     discard_tmp(b);
     *b.out = store_block(ctx, worker, *b.op, ready);
     b.out->o_direct_fallback |= b.fell_back;
     return;
-  } else if (renamed < 0) {
-    return fail_store(b, -renamed, "rename");
   }
   if (already_there) {
     ::unlinkat(b.loc.dir.get(), b.tmp.c_str(), 0);
@@ -220,14 +200,11 @@ void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
     }
   }
   b.lock_holder.reset();
-  if (config.durability == Durability::kFull && !already_there) {
-    int synced = res[kDirSync];
-    if (synced == -ECANCELED) synced = ::fsync(b.loc.dir.get()) == 0 ? 0 : -errno;
-    if (synced < 0) {
-      *b.out = failure(-synced, "fsync", b.loc.dir_path);
-      b.out->o_direct_fallback = b.fell_back;
-      return;
-    }
+  if (config.durability == Durability::kFull && !already_there &&
+      ::fsync(b.loc.dir.get()) != 0) {
+    *b.out = failure(errno, "fsync", b.loc.dir_path);
+    b.out->o_direct_fallback = b.fell_back;
+    return;
   }
   *b.out = BlockResult{};
   b.out->bytes = already_there ? 0 : b.op->payload_length();  // a dedup moved no bytes

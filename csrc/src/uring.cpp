@@ -48,7 +48,7 @@ void inject(io_uring_sqe& sqe, int result) noexcept {
 }  // namespace
 
 const unsigned kRequiredOpcodes[] = {IORING_OP_READV, IORING_OP_WRITEV, IORING_OP_FSYNC,
-                                     IORING_OP_CLOSE, IORING_OP_RENAMEAT};
+                                     IORING_OP_CLOSE};
 const unsigned kRequiredOpcodeCount = sizeof(kRequiredOpcodes) / sizeof(kRequiredOpcodes[0]);
 
 Ring::~Ring() {

@@ -92,7 +92,7 @@ class Ring {
   std::vector<Rewrite> rewrites_;  // completions the test seam reports differently
 };
 
-/// The opcodes the block operations need (read, write, fsync, close, rename).
+/// The opcodes the block operations need (read, write, fsync, close).
 extern const unsigned kRequiredOpcodes[];
 extern const unsigned kRequiredOpcodeCount;
 
