@@ -3,6 +3,7 @@
 
     python bench/uring_overhead.py [--root DIR] [--size 256K] [--total 512M] [--repeat 5]
                                    [--threads 2,2] [--checksum none] [--durability none]
+                                   [--o-direct auto|on|off]
 
 Stores (new files) then loads `--total` bytes of `--size` blocks, 8 per job, through
 ``kvtier._core.Engine`` directly, once with each io engine per run; the two engines alternate
@@ -101,7 +102,7 @@ def run_once(directory: Path, primary: PrimaryMemory, io_engine: str, args) -> d
         str(directory),
         n_read_threads=reads,
         n_write_threads=writes,
-        o_direct=False,
+        o_direct={"auto": "auto", "on": True, "off": False}[args.o_direct],
         checksum=args.checksum,
         durability=args.durability,
         io_engine=io_engine,
@@ -151,6 +152,7 @@ def main() -> int:
     parser.add_argument("--threads", default="2,2", help="read,write threads (default 2,2)")
     parser.add_argument("--checksum", default="none", choices=["none", "crc32c"])
     parser.add_argument("--durability", default="none", choices=["none", "data", "full"])
+    parser.add_argument("--o-direct", default="auto", choices=["auto", "on", "off"])
     args = parser.parse_args()
     args.threads = tuple(int(t) for t in args.threads.split(","))
     bs, total = parse_size(args.size), parse_size(args.total)
@@ -162,7 +164,9 @@ def main() -> int:
         for rep in range(args.repeat):
             order = ENGINES if rep % 2 == 0 else ENGINES[::-1]
             for io_engine in order:
-                runs[io_engine].append(run_once(scratch / f"{io_engine}-{rep}", primary, io_engine, args))
+                runs[io_engine].append(
+                    run_once(scratch / f"{io_engine}-{rep}", primary, io_engine, args)
+                )
     except (RuntimeError, OSError) as exc:
         print(f"uring_overhead: error: {exc}", file=sys.stderr)
         return 2
@@ -173,7 +177,7 @@ def main() -> int:
     print(
         f"root {args.root.resolve()}, {format_size(bs)} blocks, {format_size(total)} per run, "
         f"{args.threads[0]}+{args.threads[1]} threads, checksum {args.checksum}, durability "
-        f"{args.durability}, median of {args.repeat} alternating runs"
+        f"{args.durability}, o_direct {args.o_direct}, median of {args.repeat} alternating runs"
     )
     keys = ("gbps", "cpu_s_per_gib", "switches_per_block", "iowq_threads")
     heads = ("GB/s", "CPU s/GiB", "csw/block", "io-wq thr")
@@ -185,11 +189,9 @@ def main() -> int:
         }
         for e in ENGINES:
             print(f"{direction:>9} {e:>9} " + " ".join(f"{med[e][k]:10.3f}" for k in keys))
-        ratio = [
-            med["io_uring"][k] / med["psync"][k] if med["psync"][k] else float("nan")
-            for k in keys
-        ]
-        print(f"{direction:>9} {'ratio':>9} " + " ".join(f"{r:10.2f}x" for r in ratio))
+        # psync has no io-wq threads: no ratio for that column.
+        ratio = [f"{med['io_uring'][k] / med['psync'][k]:10.2f}x" for k in keys[:-1]]
+        print(f"{direction:>9} {'ratio':>9} " + " ".join(ratio))
     return 0
 
 

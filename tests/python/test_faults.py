@@ -4,8 +4,8 @@ A small LD_PRELOAD interposer (faults/faultinject.c, built here with the C compi
 shortens chosen calls on paths that contain a substring; a child Python process
 (faults/child.py) drives the engine under it and prints what happened as JSON. The native
 library imports openat, pwritev, preadv, renameat2, renameat, fdatasync, fsync, close, mkdir,
-mkdirat and syscall (for openat2) from libc (see `nm -D libkvtier_core.so`); the interposer also covers
-their 64-bit and path-based variants, and matches *at calls on the directory's path joined
+mkdirat and syscall (for openat2) from libc (see `nm -D libkvtier_core.so`); the interposer also
+covers their 64-bit and path-based variants, and matches *at calls on the directory's path joined
 with the name.
 """
 
