@@ -11,7 +11,7 @@
 // (no async buffered writes; O_DIRECT must allocate), so the kernel hands every ring writev
 // to an io-wq worker thread, and the entries linked behind it then cost this thread further
 // wake-ups: 5.3 context switches per 256 KiB block with close and rename on the ring, 1.7
-// with them made here after the batch's writes (psync: 0.4), and 1.1x the CPU per GiB.
+// with them made here after the batch's writes (psync: 0.4).
 //
 // Steps stay synchronous where a later step needs their result on this thread: the tmp file's
 // lock (no io_uring opcode takes an fcntl lock, and the lock must hold before anything could
