@@ -11,7 +11,12 @@
 // (no async buffered writes; O_DIRECT must allocate), so the kernel hands every ring writev
 // to an io-wq worker thread, and the entries linked behind it then cost this thread further
 // wake-ups: 5.3 context switches per 256 KiB block with close and rename on the ring, 1.7
-// with them made here after the batch's writes (psync: 0.4).
+// with them made here after the batch's writes (psync: 0.4). For the same reason the write
+// goes with RWF_NOWAIT: a write the kernel could only make by blocking comes back at once
+// (EAGAIN; EOPNOTSUPP where buffered writes cannot be non-blocking, as on ext4 and tmpfs)
+// instead of going to an io-wq thread, and this thread writes it (and syncs it) as psync
+// does, with no hand-off at all. File systems with non-blocking buffered writes (XFS, btrfs)
+// still complete it in the ring.
 //
 // Steps stay synchronous where a later step needs their result on this thread: the tmp file's
 // lock (no io_uring opcode takes an fcntl lock, and the lock must hold before anything could
@@ -21,10 +26,11 @@
 // (device segments, unaligned memory under O_DIRECT) take the psync path.
 //
 // Failures keep the psync engine's reports: a step that fails outright is reported with the
-// psync step's name ("pwrite", "pread", "fdatasync", "close", "rename", "fsync"); anything
-// that psync would have retried (a short count, EINTR, EAGAIN) or that needs verification
-// handling (truncated or corrupt file) reruns the whole block through the psync code, which
-// then decides exactly as the psync engine does.
+// psync step's name ("pwrite", "pread", "fdatasync", "close", "rename", "fsync"); a store's
+// write that would block is made here (above); anything else psync would have retried (a
+// short count, EINTR, a load's EAGAIN) or that needs verification handling (truncated or
+// corrupt file) reruns the whole block through the psync code, which then decides exactly as
+// the psync engine does.
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -35,6 +41,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include <kvtier/files.hpp>
 #include <kvtier/format.hpp>
@@ -42,6 +49,7 @@
 #include "block_io.hpp"
 #include "block_steps.hpp"
 #include "header.hpp"
+#include "posix_io.hpp"
 
 namespace kvtier::detail {
 namespace {
@@ -155,6 +163,7 @@ Disposition prepare_store(const IoContext& ctx, Ring& ring, Block& b, unsigned i
                                data_sync ? IOSQE_IO_LINK : 0);
   sqe->addr = reinterpret_cast<__u64>(b.iov);
   sqe->len = b.iov_count;
+  sqe->rw_flags = RWF_NOWAIT;  // see the top of this file
   if (data_sync) {
     sqe = next_sqe(ring, index, kSync, IORING_OP_FSYNC, b.fd.get(), 0);
     sqe->fsync_flags = IORING_FSYNC_DATASYNC;
@@ -166,17 +175,25 @@ void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
   const EngineConfig& config = *ctx.config;
   const int* res = b.res;
   const int written = res[kData];
-  if (written < 0 && written != -EINTR && written != -EAGAIN)
-    return fail_store(b, -written, "pwrite");
-  if (written < 0 || static_cast<std::size_t>(written) < b.want) {
-    // What pwritev_full would retry: start over on the psync path with a fresh tmp file.
-    discard_tmp(b);
-    *b.out = store_block(ctx, worker, *b.op, ready);
-    b.out->o_direct_fallback |= b.fell_back;
-    return;
+  if (written == -EAGAIN || written == -EOPNOTSUPP) {
+    // The write would have blocked (RWF_NOWAIT): made here, with the fdatasync that was
+    // linked behind it and cancelled with it.
+    if (int e = pwritev_full(b.fd.get(), std::vector<iovec>(b.iov, b.iov + b.iov_count), 0))
+      return fail_store(b, e, "pwrite");
+    if (config.durability != Durability::kNone && ::fdatasync(b.fd.get()) != 0)
+      return fail_store(b, errno, "fdatasync");
+  } else {
+    if (written < 0 && written != -EINTR) return fail_store(b, -written, "pwrite");
+    if (written < 0 || static_cast<std::size_t>(written) < b.want) {
+      // What pwritev_full would retry: start over on the psync path with a fresh tmp file.
+      discard_tmp(b);
+      *b.out = store_block(ctx, worker, *b.op, ready);
+      b.out->o_direct_fallback |= b.fell_back;
+      return;
+    }
+    if (config.durability != Durability::kNone && res[kSync] < 0)
+      return fail_store(b, -res[kSync], "fdatasync");
   }
-  if (config.durability != Durability::kNone && res[kSync] < 0)
-    return fail_store(b, -res[kSync], "fdatasync");
   if (int e = b.fd.close_checked()) return fail_store(b, e, "close");
   bool already_there = false;
   if (int e = publish(b.loc.dir.get(), b.tmp, b.loc.name, already_there)) {

@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <linux/io_uring.h>
+#include <sys/uio.h>
 
 #include <atomic>
 #include <cerrno>
@@ -163,24 +164,53 @@ KV_TEST(short_write_eintr_and_eagain_are_retried) {
   }
 }
 
+namespace {
+// The ring's fdatasync runs only behind a write the ring made: where the file system cannot
+// write without blocking, the RWF_NOWAIT write comes back and cancels it (the worker then
+// syncs, out of this seam's sight). So the write is reported made, in full, and the
+// fdatasync behind it fails.
+bool datasync_fails(const io_uring_sqe& sqe, int& result, void* arg) {
+  if (sqe.opcode == IORING_OP_WRITEV) {
+    const auto* iov = reinterpret_cast<const iovec*>(sqe.addr);
+    result = 0;
+    for (unsigned i = 0; i < sqe.len; ++i) result += static_cast<int>(iov[i].iov_len);
+    return true;
+  }
+  if (sqe.opcode != IORING_OP_FSYNC || (sqe.fsync_flags & IORING_FSYNC_DATASYNC) == 0)
+    return false;
+  static_cast<Fault*>(arg)->injected.fetch_add(1);
+  result = -EIO;
+  return true;
+}
+}  // namespace
+
 KV_TEST(fdatasync_failure_is_reported) {
   TempDir dir;
   Fault f;
-  f.opcode = IORING_OP_FSYNC;
-  f.fsync_flags = IORING_FSYNC_DATASYNC;
-  f.result = -EIO;
-  check_store_failed(store_with(dir, f, kBytes, kvtier::Durability::kData), EIO, "fdatasync",
-                     dir);
+  const std::size_t fds = open_fds();
+  Completion c;
+  {
+    kvtier::detail::set_submit_filter(&datasync_fails, &f);
+    Engine engine(config_for(dir, kvtier::Durability::kData));
+    c = kvtest::store(engine, 1, dir / "d/block", "k", kBytes.data(), kBytes.size());
+  }
+  kvtier::detail::set_submit_filter(nullptr, nullptr);
+  CHECK_EQ(f.injected.load(), 1);
+  check_store_failed(c, EIO, "fdatasync", dir);
+  CHECK(kvtest::tmp_files_below(dir.path()).empty());
+  CHECK_EQ(open_fds(), fds);
 }
 
 namespace {
 // Records the opcode (and, for fsync, the flags) of every entry submitted; injects nothing.
 struct Submitted {
   std::atomic<int> writev{0}, datasync{0}, fsync{0}, close{0}, rename{0}, other{0};
+  std::atomic<int> nowait_writev{0};
 };
 
 bool record_filter(const io_uring_sqe& sqe, int&, void* arg) {
   auto* s = static_cast<Submitted*>(arg);
+  if (sqe.opcode == IORING_OP_WRITEV && (sqe.rw_flags & RWF_NOWAIT) != 0) ++s->nowait_writev;
   const bool datasync = (sqe.fsync_flags & IORING_FSYNC_DATASYNC) != 0;
   std::atomic<int>& count = sqe.opcode == IORING_OP_WRITEV   ? s->writev
                             : sqe.opcode == IORING_OP_FSYNC  ? (datasync ? s->datasync : s->fsync)
@@ -192,8 +222,8 @@ bool record_filter(const io_uring_sqe& sqe, int&, void* arg) {
 }
 }  // namespace
 
-// The ring carries a store's writev and fdatasync only: close, rename and the directory's
-// fsync, which the kernel would run on io-wq worker threads (block_io_uring.cpp), are made
+// The ring carries a store's writev (with RWF_NOWAIT) and fdatasync only: close, rename and
+// the directory's fsync, which cost io-wq hand-offs on the ring (block_io_uring.cpp), are made
 // by the worker after the batch's writes. Their failures are tested through the LD_PRELOAD
 // interposer on both engines (tests/python/test_faults.py).
 KV_TEST(a_store_puts_only_its_write_and_data_sync_on_the_ring) {
@@ -210,11 +240,31 @@ KV_TEST(a_store_puts_only_its_write_and_data_sync_on_the_ring) {
   CHECK_MSG(c.success, kvtest::describe(c));
   CHECK(kvtest::file_exists(dir / "d/block"));
   CHECK_EQ(seen.writev.load(), 1);
+  CHECK_EQ(seen.nowait_writev.load(), 1);
   CHECK_EQ(seen.datasync.load(), 1);
   CHECK_EQ(seen.fsync.load(), 0);
   CHECK_EQ(seen.close.load(), 0);
   CHECK_EQ(seen.rename.load(), 0);
   CHECK_EQ(seen.other.load(), 0);
+}
+
+// A write the kernel could only make by blocking comes back from RWF_NOWAIT with EAGAIN, or
+// EOPNOTSUPP where buffered writes cannot be non-blocking (ext4, tmpfs): the worker writes the
+// block and makes the fdatasync that was cancelled with it; the block arrives whole.
+KV_TEST(a_write_that_would_block_is_made_by_the_worker) {
+  for (int error : {EAGAIN, EOPNOTSUPP}) {
+    for (auto durability : {kvtier::Durability::kNone, kvtier::Durability::kData}) {
+      TempDir dir;
+      Fault f;
+      f.opcode = IORING_OP_WRITEV;
+      f.result = -error;
+      const Completion c = store_with(dir, f, kBytes, durability);
+      CHECK_MSG(c.success, kvtest::describe(c));
+      Fault none;
+      none.times = 0;
+      check_loads_back(dir, none);
+    }
+  }
 }
 
 KV_TEST(storing_onto_an_existing_file_is_a_dedup) {
