@@ -86,8 +86,8 @@ BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockO
 
 // ThreadSanitizer tracks descriptors through the close() it intercepts and cannot see a close
 // the kernel does for the ring: another thread's reuse of the number looks like a race to it.
-// Under TSan the close (and with it the rename, which must follow it) runs synchronously, as
-// the io_uring engine does for any step the ring did not run; other builds close in the ring.
+// Under TSan a load's close runs synchronously, as the io_uring engine does for a close the
+// ring did not run; other builds close loaded files in the ring (stores always close here).
 #if defined(__SANITIZE_THREAD__)
 inline constexpr bool kRingClosesFiles = false;
 #elif defined(__has_feature)

@@ -2,8 +2,21 @@
 // reaches the kernel in one io_uring_enter, each block as a linked chain.
 //
 //   store: [sync: open directory, create + OFD-lock the tmp file, dup the lock holder]
-//          writev -> [fdatasync] -> close -> renameat(RENAME_NOREPLACE) -> [fsync directory]
+//          writev -> [fdatasync]
+//          [sync: close, renameat2(RENAME_NOREPLACE), fsync directory]
 //   load:  [sync: open directory, open + fstat the block file]  readv => close
+//
+// A store's close and rename stay off the ring because of what the kernel does with them
+// (docs/PERFORMANCE.md section 9.1): ext4 and tmpfs cannot write new files without blocking
+// (no async buffered writes; O_DIRECT must allocate), so the kernel hands every ring writev
+// to an io-wq worker thread, and the entries linked behind it then cost this thread further
+// wake-ups: 5.3 context switches per 256 KiB block with close and rename on the ring, 1.7
+// with them made here after the batch's writes (psync: 0.4). For the same reason the write
+// goes with RWF_NOWAIT: a write the kernel could only make by blocking comes back at once
+// (EAGAIN; EOPNOTSUPP where buffered writes cannot be non-blocking, as on ext4 and tmpfs)
+// instead of going to an io-wq thread, and this thread writes it (and syncs it) as psync
+// does, with no hand-off at all. File systems with non-blocking buffered writes (XFS, btrfs)
+// still complete it in the ring.
 //
 // Steps stay synchronous where a later step needs their result on this thread: the tmp file's
 // lock (no io_uring opcode takes an fcntl lock, and the lock must hold before anything could
@@ -27,10 +40,11 @@
 //   all it holds before any block of the batch runs on the psync path (which does wait).
 //
 // Failures keep the psync engine's reports: a step that fails outright is reported with the
-// psync step's name ("pwrite", "pread", "fdatasync", "close", "rename", "fsync"); anything
-// that psync would have retried (a short count, EINTR, EAGAIN) or that needs verification
-// handling (truncated or corrupt file) reruns the whole block through the psync code, which
-// then decides exactly as the psync engine does.
+// psync step's name ("pwrite", "pread", "fdatasync", "close", "rename", "fsync"); a store's
+// write that would block is made here (above); anything else psync would have retried (a
+// short count, EINTR, a load's EAGAIN) or that needs verification handling (truncated or
+// corrupt file) reruns the whole block through the psync code, which then decides exactly as
+// the psync engine does.
 
 #include <fcntl.h>
 #include <limits.h>
@@ -44,6 +58,7 @@
 #include <cstring>
 #include <new>
 #include <optional>
+#include <vector>
 
 #include <kvtier/files.hpp>
 #include <kvtier/format.hpp>
@@ -51,12 +66,13 @@
 #include "block_io.hpp"
 #include "block_steps.hpp"
 #include "header.hpp"
+#include "posix_io.hpp"
 
 namespace kvtier::detail {
 namespace {
 
 // Which step of a block a completion belongs to: user_data = block * kSteps + step.
-enum Step : unsigned { kData, kSync, kClose, kRename, kDirSync, kSteps };
+enum Step : unsigned { kData, kSync, kClose, kSteps };
 
 // The ring holds a whole batch: every entry is reaped before the next batch is prepared.
 constexpr unsigned kRingEntries = 64;
@@ -90,6 +106,7 @@ struct Block {
   bool verified = false;  // a staged load that verified in the lease and was copied out
   StepError copy_error;   // ... or whose copy out failed
   std::size_t want = 0;   // bytes the read or write must move
+  bool written_here = false;  // a store's write made by the worker (write_what_would_block)
   int res[kSteps] = {};
 };
 
@@ -143,10 +160,12 @@ void lay_out(Block& b, unsigned char* header, unsigned char* tail, bool is_load)
 // The data step: a staged block's file image as a registered buffer (READ_FIXED/WRITE_FIXED)
 // where the ring holds one for its lease, else by address; a block in place, its iovecs.
 void queue_data(const IoContext& ctx, Ring& ring, Block& b, unsigned index, bool is_load,
-                unsigned char flags) {
+                unsigned char flags, __kernel_rwf_t rw_flags = 0) {
   if (b.staged) {
     StagingPool::Lease& lease = *b.lease;
     b.want = kHeaderSize + align_up(b.op->payload_length());
+    // Also the iovec a store's write that would block is made with (finish_store).
+    b.iov.assign(1, iovec{lease.data(), b.want});
     if (ring.fixed_buffer(ctx.staging->max_buffers(), lease.index(), lease.id(), lease.data(),
                           lease.size())) {
       io_uring_sqe* sqe =
@@ -155,14 +174,15 @@ void queue_data(const IoContext& ctx, Ring& ring, Block& b, unsigned index, bool
       sqe->addr = reinterpret_cast<__u64>(lease.data());
       sqe->len = static_cast<__u32>(b.want);  // a registered buffer is at most 1 GiB
       sqe->buf_index = static_cast<__u16>(lease.index());
+      sqe->rw_flags = rw_flags;
       return;
     }
-    b.iov.assign(1, iovec{lease.data(), b.want});
   }
   io_uring_sqe* sqe =
       next_sqe(ring, index, kData, is_load ? IORING_OP_READV : IORING_OP_WRITEV, b.fd.get(), flags);
   sqe->addr = reinterpret_cast<__u64>(b.iov.data());
   sqe->len = static_cast<__u32>(b.iov.size());
+  sqe->rw_flags = rw_flags;
 }
 
 // Whether the header read into b.header belongs to the op and, where it carries a CRC32C,
@@ -228,8 +248,8 @@ Disposition prepare_store(const IoContext& ctx, WorkerContext& worker, Ring& rin
     fail_store(b, errno, "fchmod");
     return Disposition::kDone;
   }
-  // The ring closes `fd` before the rename (a close reports deferred write errors, which must
-  // stop the publish); the OFD lock lives on in this duplicate until the tmp name is gone.
+  // `fd` is closed before the rename (a close reports deferred write errors, which must stop
+  // the publish); the OFD lock lives on in this duplicate until the tmp name is gone.
   b.lock_holder = FileDescriptor(::fcntl(b.fd.get(), F_DUPFD_CLOEXEC, 0));
   if (!b.lock_holder) {
     fail_store(b, errno, "dup");
@@ -247,72 +267,59 @@ Disposition prepare_store(const IoContext& ctx, WorkerContext& worker, Ring& rin
     lay_out(b, pages, pages + kHeaderSize, /*is_load=*/false);
   }
 
-  // The last entry of a chain must not link: it would link to the next block's chain.
+  // The last entry of a chain must not link: it would link to the next block's chain. Close,
+  // rename and the directory's fsync follow in finish_store (see the top of this file).
   const bool data_sync = config.durability != Durability::kNone;
-  const bool dir_sync = config.durability == Durability::kFull;
-  queue_data(ctx, ring, b, index, /*is_load=*/false,
-             data_sync || kRingClosesFiles ? IOSQE_IO_LINK : 0);
-  io_uring_sqe* sqe = nullptr;
+  // RWF_NOWAIT: see the top of this file.
+  queue_data(ctx, ring, b, index, /*is_load=*/false, data_sync ? IOSQE_IO_LINK : 0, RWF_NOWAIT);
   if (data_sync) {
-    sqe = next_sqe(ring, index, kSync, IORING_OP_FSYNC, b.fd.get(),
-                   kRingClosesFiles ? IOSQE_IO_LINK : 0);
+    io_uring_sqe* sqe = next_sqe(ring, index, kSync, IORING_OP_FSYNC, b.fd.get(), 0);
     sqe->fsync_flags = IORING_FSYNC_DATASYNC;
   }
-  if (!kRingClosesFiles) return Disposition::kQueued;  // close and rename: see finish_store
-  next_sqe(ring, index, kClose, IORING_OP_CLOSE, b.fd.get(), IOSQE_IO_LINK);
-  sqe = next_sqe(ring, index, kRename, IORING_OP_RENAMEAT, b.loc.dir.get(),
-                 dir_sync ? IOSQE_IO_LINK : 0);
-  sqe->addr = reinterpret_cast<__u64>(b.tmp.c_str());
-  sqe->addr2 = reinterpret_cast<__u64>(b.loc.name.c_str());
-  sqe->len = static_cast<__u32>(b.loc.dir.get());
-  sqe->rename_flags = RENAME_NOREPLACE;  // the first writer of a key wins (see publish)
-  if (dir_sync) {
-    // Linked after the rename: a dedup (EEXIST) cancels it, as psync skips it then.
-    next_sqe(ring, index, kDirSync, IORING_OP_FSYNC, b.loc.dir.get(), 0);
-  }
   return Disposition::kQueued;
+}
+
+// A store's write the kernel would only have made by blocking (RWF_NOWAIT: EAGAIN, or
+// EOPNOTSUPP where buffered writes cannot be non-blocking) is made here, with the fdatasync
+// that was linked behind it and cancelled with it; their outcomes replace the ring's. Runs
+// before the batch gives its staging buffers back: a staged block's bytes are in its lease.
+void write_what_would_block(const IoContext& ctx, Block& b) noexcept {
+  if (b.res[kData] != -EAGAIN && b.res[kData] != -EOPNOTSUPP) return;
+  if (int e = pwritev_full(b.fd.get(), b.iov, 0)) {
+    b.res[kData] = -e;
+    return;
+  }
+  b.written_here = true;
+  if (ctx.config->durability != Durability::kNone)
+    b.res[kSync] = ::fdatasync(b.fd.get()) == 0 ? 0 : -errno;
 }
 
 void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Event ready) {
   const EngineConfig& config = *ctx.config;
   const int* res = b.res;
-  // Unless the close was cancelled, the kernel has released the descriptor (even when the
-  // close reported an error).
-  if (res[kClose] != -ECANCELED) b.fd.release();
-  const int written = res[kData];
-  if (written < 0 && written != -EINTR && written != -EAGAIN)
-    return fail_store(b, -written, "pwrite");
-  if (written < 0 || static_cast<std::size_t>(written) < b.want) {
-    // What pwritev_full would retry: start over on the psync path with a fresh tmp file.
-    discard_tmp(b);
-    *b.out = store_block(ctx, worker, *b.op, ready);
-    b.out->o_direct_fallback |= b.fell_back;
-    return;
+  if (!b.written_here) {
+    const int written = res[kData];
+    if (written < 0 && written != -EINTR) return fail_store(b, -written, "pwrite");
+    if (written < 0 || static_cast<std::size_t>(written) < b.want) {
+      // What pwritev_full would retry: start over on the psync path with a fresh tmp file.
+      discard_tmp(b);
+      *b.out = store_block(ctx, worker, *b.op, ready);
+      b.out->o_direct_fallback |= b.fell_back;
+      return;
+    }
   }
   if (config.durability != Durability::kNone && res[kSync] < 0)
     return fail_store(b, -res[kSync], "fdatasync");
-  // Steps the ring did not run (cancelled, or never queued) run here, in the same order.
-  int closed = res[kClose];
-  if (closed == -ECANCELED) closed = -b.fd.close_checked();
-  if (closed < 0) return fail_store(b, -closed, "close");
+  if (int e = b.fd.close_checked()) return fail_store(b, e, "close");
   bool already_there = false;
-  const int renamed = res[kRename];
-  if (renamed == -EEXIST) {
-    already_there = true;
-  } else if (renamed == -EINVAL || renamed == -ENOSYS || renamed == -EOPNOTSUPP ||
-             renamed == -ECANCELED) {
-    // No RENAME_NOREPLACE on this file system: publish() knows the fallback.
-    if (int e = publish(b.loc.dir.get(), b.tmp, b.loc.name, already_there))
-      return fail_store(b, e, "rename");
-  } else if (renamed == -ENOENT) {
+  if (int e = publish(b.loc.dir.get(), b.tmp, b.loc.name, already_there)) {
+    if (e != ENOENT) return fail_store(b, e, "rename");
     // The tmp name vanished while the file stayed linked (a sweep's unlink of an open file
     // on NFS is a silly rename): the psync path writes the block again under a new name.
     discard_tmp(b);
     *b.out = store_block(ctx, worker, *b.op, ready);
     b.out->o_direct_fallback |= b.fell_back;
     return;
-  } else if (renamed < 0) {
-    return fail_store(b, -renamed, "rename");
   }
   if (already_there) {
     ::unlinkat(b.loc.dir.get(), b.tmp.c_str(), 0);
@@ -326,14 +333,11 @@ void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
     }
   }
   b.lock_holder.reset();
-  if (config.durability == Durability::kFull && !already_there) {
-    int synced = res[kDirSync];
-    if (synced == -ECANCELED) synced = ::fsync(b.loc.dir.get()) == 0 ? 0 : -errno;
-    if (synced < 0) {
-      *b.out = failure(-synced, "fsync", b.loc.dir_path);
-      b.out->o_direct_fallback = b.fell_back;
-      return;
-    }
+  if (config.durability == Durability::kFull && !already_there &&
+      ::fsync(b.loc.dir.get()) != 0) {
+    *b.out = failure(errno, "fsync", b.loc.dir_path);
+    b.out->o_direct_fallback = b.fell_back;
+    return;
   }
   *b.out = BlockResult{};
   b.out->bytes = already_there ? 0 : b.op->payload_length();  // a dedup moved no bytes
@@ -488,6 +492,7 @@ void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
   // Staging buffers go back before any block takes the psync path, which waits for one.
   for (unsigned i = 0; i < n; ++i) {
     Block& b = blocks[i];
+    if (!is_load && b.how == Disposition::kQueued) write_what_would_block(ctx, b);
     if (!b.lease) continue;
     if (is_load && b.how == Disposition::kQueued) {
       try {

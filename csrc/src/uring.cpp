@@ -53,10 +53,22 @@ void inject(io_uring_sqe& sqe, int result) noexcept {
   sqe.len = static_cast<__u32>(result);
 }
 
+// Whether an injected byte count is less than the read or write asked for (a full count keeps
+// the chain going, as a real one does). Other opcodes have no count to compare: any counts.
+bool short_count(const io_uring_sqe& sqe, int result) noexcept {
+  if (sqe.opcode == IORING_OP_READ_FIXED || sqe.opcode == IORING_OP_WRITE_FIXED)
+    return static_cast<std::size_t>(result) < sqe.len;
+  if (sqe.opcode != IORING_OP_READV && sqe.opcode != IORING_OP_WRITEV) return true;
+  const auto* iov = reinterpret_cast<const iovec*>(sqe.addr);
+  std::size_t want = 0;
+  for (unsigned i = 0; i < sqe.len; ++i) want += iov[i].iov_len;
+  return static_cast<std::size_t>(result) < want;
+}
+
 }  // namespace
 
 const unsigned kRequiredOpcodes[] = {IORING_OP_READV, IORING_OP_WRITEV, IORING_OP_FSYNC,
-                                     IORING_OP_CLOSE, IORING_OP_RENAMEAT};
+                                     IORING_OP_CLOSE};
 const unsigned kRequiredOpcodeCount = sizeof(kRequiredOpcodes) / sizeof(kRequiredOpcodes[0]);
 
 Ring::~Ring() {
@@ -207,7 +219,7 @@ int Ring::submit_and_wait(unsigned wait) noexcept {
         rewrites_.push_back({sqe.user_data, result});
         cancel_next = breaks_link;
       } else {
-        cancel_next = result >= 0 && breaks_link;
+        cancel_next = result >= 0 && breaks_link && short_count(sqe, result);
         inject(sqe, result);
       }
     }

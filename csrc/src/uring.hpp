@@ -107,7 +107,7 @@ class Ring {
   std::vector<bool> slot_registered_;
 };
 
-/// The opcodes the block operations need (read, write, fsync, close, rename).
+/// The opcodes the block operations need (read, write, fsync, close).
 extern const unsigned kRequiredOpcodes[];
 extern const unsigned kRequiredOpcodeCount;
 
@@ -117,10 +117,11 @@ int probe_io_uring(std::string& reason) noexcept;
 
 /// Test-only seam at the system-call boundary. When set, every submission entry passes
 /// through `filter` just before the kernel sees it; a filter that returns true (and sets
-/// `result`: a negative errno, or a byte count for a short read or write) turns the entry into
-/// a NOP that the kernel itself completes with that result (IORING_NOP_INJECT_RESULT), so a
-/// failure breaks a linked chain and cancels the rest exactly as a real one does; a short
-/// count on a linked entry cancels the next one, as a real short read or write does; a close
+/// `result`: a negative errno, or a byte count for a read or write) turns the entry into a NOP
+/// that the kernel itself completes with that result (IORING_NOP_INJECT_RESULT), so a failure
+/// breaks a linked chain and cancels the rest exactly as a real one does; a short count on a
+/// linked entry cancels the next one, as a real short read or write does, and a full count of
+/// a read or write lets the chain go on (a write the file system could not make inline); a close
 /// still runs (a failing close(2) releases the descriptor too), its completion carries the
 /// injected result and the next linked entry is cancelled. Every opcode the engine submits
 /// passes through it, fixed-buffer reads and writes (READ_FIXED/WRITE_FIXED) included, so a

@@ -3,9 +3,9 @@
 A small LD_PRELOAD interposer (faults/faultinject.c, built here with the C compiler) fails or
 shortens chosen calls on paths that contain a substring; a child Python process
 (faults/child.py) drives the engine under it and prints what happened as JSON. The native
-library imports openat, pwritev, preadv, renameat2, renameat, fdatasync, fsync, mkdir, mkdirat
-and syscall (for openat2) from libc (see `nm -D libkvtier_core.so`); the interposer also covers
-their 64-bit and path-based variants, and matches *at calls on the directory's path joined
+library imports openat, pwritev, preadv, renameat2, renameat, fdatasync, fsync, close, mkdir,
+mkdirat and syscall (for openat2) from libc (see `nm -D libkvtier_core.so`); the interposer also
+covers their 64-bit and path-based variants, and matches *at calls on the directory's path joined
 with the name.
 """
 
@@ -29,7 +29,8 @@ ROW = 3 * 4096 + 777  # not a multiple of the page size
 
 # The interposer sees libc calls. The io_uring engine makes these through the ring instead,
 # out of its sight: their faults are injected at the ring (tests/cpp/test_uring_faults.cpp).
-RING_CALLS = {"pwrite", "pread", "rename", "renameat2", "fdatasync", "fsync"}
+# A store's close, rename and directory fsync are libc calls on both engines.
+RING_CALLS = {"pwrite", "pread", "fdatasync"}
 IO_ENGINE_ENV = "KVTIER_TEST_FAULTS_IO_ENGINE"
 
 
@@ -317,6 +318,21 @@ def test_rename_without_noreplace_support_falls_back(
     assert child.job(1)["success"], child.job(1)["error"]
     assert child.job(2)["data_ok"] == [True, True]
     assert tmp_files(root) == []
+
+
+def test_failing_close_fails_the_store_and_leaves_nothing(interposer: Path, tmp_path: Path) -> None:
+    """A close that reports a deferred write error (NFS does) stops the publish."""
+    root = tmp_path / "root"
+    spec = {"root": str(root), "jobs": store_then_load(root, ["a", "b"])}
+    child = run_child(interposer, spec, "close", match=".tmp", err=errno.EIO)
+    store = child.job(1)
+    assert not store["success"]
+    assert store["operation"] == "close"
+    assert store["errno"] == errno.EIO
+    assert store["path"].endswith(".tmp")
+    assert store["block_errnos"] == [errno.EIO, errno.EIO]
+    assert tmp_files(root) == []
+    assert not Path(block(root, "a")).exists()
 
 
 def test_fdatasync_failure_fails_the_store(interposer: Path, tmp_path: Path) -> None:

@@ -4,8 +4,9 @@
  *
  * Environment:
  *   KVTIER_FAULT        which call: open | open_direct | pwrite | pread | rename |
- *                       renameat2 | fdatasync | fsync | mkdir | openat2 | slow_pwrite
- *                       (pwrite covers pwrite/pwrite64/pwritev/pwritev64/pwritev2, pread the
+ *                       renameat2 | fdatasync | fsync | close | mkdir | openat2 |
+ *                       slow_pwrite (close releases the descriptor and then reports the
+ *                       error, as close(2) does for a deferred write error; pwrite covers pwrite/pwrite64/pwritev/pwritev64/pwritev2, pread the
  *                       read counterparts, rename covers rename/renameat/renameat2, mkdir
  *                       covers mkdir/mkdirat, open_direct only opens with O_DIRECT and, like
  *                       ramfs or a FUSE client, creates the file before failing an O_CREAT
@@ -301,6 +302,19 @@ static int sync_fault(const char* call, int fd) {
 
 int fdatasync(int fd) { return sync_fault("fdatasync", fd) ? -1 : REAL(fdatasync)(fd); }
 int fsync(int fd) { return sync_fault("fsync", fd) ? -1 : REAL(fsync)(fd); }
+
+/* ---- close ----------------------------------------------------------------------------- */
+
+typedef int (*real_close_t)(int);
+
+int close(int fd) {
+  char path[4096];
+  const int hit = fault_is("close") && fd_matches(fd, path, sizeof(path)) && claim("close", path);
+  const int done = REAL(close)(fd);
+  if (!hit) return done;
+  errno = fault_errno();
+  return -1;
+}
 
 /* ---- rename / mkdir -------------------------------------------------------------------- */
 
