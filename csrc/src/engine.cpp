@@ -404,7 +404,8 @@ struct Engine::Impl {
   // (a 2 MiB block goes alone, 256 KiB blocks go eight at a time). Stores join a batch only
   // while no store cap is in effect (no load waiting, running or within the linger), so a
   // load that arrives meanwhile waits for at most one batch's device time, the same order as
-  // one large block's. Loads never join past a pending store of their path (read-after-write). psync gains nothing from batching: one block at a time.
+  // one large block's. Loads never join past a pending store of their path
+  // (read-after-write). psync gains nothing from batching: one block at a time.
   std::size_t extend_batch(const Task& first, bool is_load, Task* more) noexcept {
     if (io.io_engine != IoEngine::kIoUring) return 0;
     constexpr std::uint64_t kBatchBytes = std::uint64_t{2} << 20;

@@ -52,7 +52,8 @@ class FileDescriptor {
 int pwritev_full(int fd, std::vector<iovec> iov, off_t offset) noexcept;
 
 /// Reads into `iov` (any number of entries, IOV_MAX per system call) at `offset` until it is
-/// full or the file ends, retrying on EINTR and short reads. Sets `bytes_read`. Returns 0 (also at end of file) or an errno value.
+/// full or the file ends, retrying on EINTR and short reads. Sets `bytes_read`. Returns 0
+/// (also at end of file) or an errno value.
 int preadv_full(int fd, std::vector<iovec> iov, off_t offset, std::size_t& bytes_read) noexcept;
 
 /// Creates every missing directory of `dir` with exactly `mode` (whatever the umask).

@@ -33,6 +33,32 @@ using kvtier::Engine;
 using kvtier::EngineConfig;
 using kvtier::ODirectMode;
 
+// `bytes` cut into host segments of `lengths`, each in memory of its own (kept in `parts`)
+// starting misalign(i) bytes past a page; the memory holds the bytes when `fill`.
+std::vector<kvtier::Segment> host_segments(
+    std::vector<std::unique_ptr<Memory>>& parts, const std::vector<std::size_t>& lengths,
+    const std::vector<unsigned char>& bytes, bool fill,
+    const std::function<std::size_t(std::size_t)>& misalign) {
+  std::vector<kvtier::Segment> segs;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    parts.push_back(std::make_unique<Memory>(lengths[i], misalign(i)));
+    if (fill) std::memcpy(parts.back()->data(), bytes.data() + at, lengths[i]);
+    segs.push_back({parts.back()->data(), lengths[i], kvtier::MemoryKind::kHost});
+    at += lengths[i];
+  }
+  return segs;
+}
+
+kvtier::BlockOp segment_block(const std::string& path, const std::string& key,
+                              std::vector<kvtier::Segment> segs) {
+  kvtier::BlockOp op;
+  op.path = path;
+  op.key = key;
+  op.segments = std::move(segs);
+  return op;
+}
+
 // O_DIRECT modes to exercise here: off, auto, and on where the probe says it works.
 std::vector<ODirectMode> o_direct_modes(const TempDir& dir) {
   std::vector<ODirectMode> modes{ODirectMode::kOff, ODirectMode::kAuto};
@@ -230,22 +256,11 @@ KV_TEST(host_segments_round_trip_and_match_contiguous_files) {
       Engine engine(config);
       std::vector<std::unique_ptr<Memory>> parts;
       auto make_segments = [&](bool fill) {
-        std::vector<kvtier::Segment> segs;
-        std::size_t at = 0;
-        for (std::size_t i = 0; i < lengths.size(); ++i) {
-          parts.push_back(std::make_unique<Memory>(lengths[i], shape.aligned ? 0 : 1 + i * 3));
-          if (fill) std::memcpy(parts.back()->data(), bytes.data() + at, lengths[i]);
-          segs.push_back({parts.back()->data(), lengths[i], kvtier::MemoryKind::kHost});
-          at += lengths[i];
-        }
-        return segs;
+        return host_segments(parts, lengths, bytes, fill,
+                             [&](std::size_t i) { return shape.aligned ? 0 : 1 + i * 3; });
       };
-      auto seg_block = [&](const std::string& path, std::vector<kvtier::Segment> segs) {
-        kvtier::BlockOp op;
-        op.path = path;
-        op.key = "seg";
-        op.segments = std::move(segs);
-        return op;
+      auto seg_block = [](const std::string& path, std::vector<kvtier::Segment> segs) {
+        return segment_block(path, "seg", std::move(segs));
       };
       const std::string seg_path = dir / (std::string("seg-") + name(mode));
       const std::string flat_path = dir / (std::string("flat-") + name(mode));
@@ -314,22 +329,10 @@ KV_TEST(staged_blocks_that_fit_one_staging_buffer_round_trip) {
   config.staging_bytes_total = 2 * 65536;
   std::vector<std::unique_ptr<Memory>> parts;
   auto segments = [&](bool fill) {
-    std::vector<kvtier::Segment> segs;
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < lengths.size(); ++i) {
-      parts.push_back(std::make_unique<Memory>(lengths[i], 5 + i));
-      if (fill) std::memcpy(parts.back()->data(), bytes.data() + at, lengths[i]);
-      segs.push_back({parts.back()->data(), lengths[i], kvtier::MemoryKind::kHost});
-      at += lengths[i];
-    }
-    return segs;
+    return host_segments(parts, lengths, bytes, fill, [](std::size_t i) { return 5 + i; });
   };
-  auto seg_block = [&](const std::string& path, std::vector<kvtier::Segment> segs) {
-    kvtier::BlockOp op;
-    op.path = path;
-    op.key = "st";
-    op.segments = std::move(segs);
-    return op;
+  auto seg_block = [](const std::string& path, std::vector<kvtier::Segment> segs) {
+    return segment_block(path, "st", std::move(segs));
   };
   {
     Engine engine(config);

@@ -54,10 +54,10 @@ int child_checks(std::unique_ptr<Engine>& inherited, const TempDir& dir) {
   try {
     bool message_ok = true;
     std::vector<unsigned char> data = kvtest::pattern(kBlock, 7);
-    if (!refused([&] {
-          inherited->submit(99, Direction::kStore, {block(dir / "child", "c", data.data(), kBlock)});
-        }, message_ok))
-      return kSubmitNotRefused;
+    const auto submit = [&] {
+      inherited->submit(99, Direction::kStore, {block(dir / "child", "c", data.data(), kBlock)});
+    };
+    if (!refused(submit, message_ok)) return kSubmitNotRefused;
     if (!refused([&] { inherited->pop_completions(); }, message_ok)) return kPopNotRefused;
     if (!refused([&] { inherited->drain(); }, message_ok)) return kDrainNotRefused;
     if (!refused([&] { (void)inherited->stats(); }, message_ok)) return kStatsNotRefused;
@@ -83,7 +83,8 @@ int child_checks(std::unique_ptr<Engine>& inherited, const TempDir& dir) {
 
 KV_TEST(forked_child_refuses_the_inherited_engine_and_drops_it_cleanly) {
   TempDir dir;
-  auto engine = std::make_unique<Engine>(kvtest::engine_config(dir, kvtier::ODirectMode::kOff, 1, 0));
+  auto engine =
+      std::make_unique<Engine>(kvtest::engine_config(dir, kvtier::ODirectMode::kOff, 1, 0));
   Gate gate(dir / "gate");  // after the engine: released first if the test fails early
   std::vector<unsigned char> scratch(kBlock);
   engine->submit(1000, Direction::kLoad, {gate.op(scratch.data(), kBlock)});

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -61,6 +62,25 @@ def interposer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert build.returncode == 0, build.stderr
     return out
+
+
+@pytest.fixture
+def gated_env(interposer: Path) -> Callable[[Path], dict[str, str]]:
+    """``env(gate)``: the environment of a child under the interposer's gate, where every open
+    of a block (or block tmp) file waits until ``gate`` exists, holding a block operation in
+    flight for as long as the test wants."""
+
+    def env(gate: Path) -> dict[str, str]:
+        return dict(
+            os.environ,
+            LD_PRELOAD=str(interposer),
+            KVTIER_FAULT="open",
+            KVTIER_FAULT_ERRNO="0",
+            KVTIER_FAULT_MATCH=".kvb",
+            KVTIER_FAULT_GATE=str(gate),
+        )
+
+    return env
 
 
 IO_ENGINES = ("psync", "io_uring")

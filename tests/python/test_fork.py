@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,16 +23,11 @@ HERE = Path(__file__).resolve().parent
 TIMEOUT_S = 300
 
 
-def run_fork_child(interposer: Path, tmp_path: Path, holder: str, locks: str) -> tuple[dict, dict]:
+def run_fork_child(
+    gated_env: Callable[[Path], dict], tmp_path: Path, holder: str, locks: str
+) -> tuple[dict, dict]:
     gate = tmp_path / "gate"
-    env = dict(
-        os.environ,
-        LD_PRELOAD=str(interposer),
-        KVTIER_FAULT="open",
-        KVTIER_FAULT_ERRNO="0",
-        KVTIER_FAULT_MATCH=".kvb",
-        KVTIER_FAULT_GATE=str(gate),
-    )
+    env = gated_env(gate)
     proc = subprocess.run(
         [
             sys.executable,
@@ -62,11 +58,11 @@ def run_fork_child(interposer: Path, tmp_path: Path, holder: str, locks: str) ->
 @pytest.mark.parametrize("locks", ["held", "free"])
 @pytest.mark.parametrize("holder", ["fs", "gpu"])
 def test_forked_child_refuses_inherited_holder_and_makes_its_own(
-    interposer, tmp_path, holder, locks
+    gated_env, tmp_path, holder, locks
 ):
     if holder == "gpu":
         pytest.importorskip("torch")
-    child, parent = run_fork_child(interposer, tmp_path, holder, locks)
+    child, parent = run_fork_child(gated_env, tmp_path, holder, locks)
     for call in ("submit", "get_finished", "stats", "drain") + (
         ("lookup",) if holder == "fs" else ()
     ):

@@ -8,9 +8,9 @@ operation in flight (see the child's docstring); a crash shows as a negative exi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,20 +21,13 @@ HOLDERS = ["fs", "gpu"]
 
 
 def run_child(
-    interposer: Path, tmp_path: Path, scenario: str, holder: str, kind: str
+    gated_env: Callable[[Path], dict], tmp_path: Path, scenario: str, holder: str, kind: str
 ) -> subprocess.CompletedProcess:
     if holder == "gpu":
         pytest.importorskip("torch")
     tmp_path.mkdir(parents=True, exist_ok=True)
     gate = tmp_path / "gate"
-    env = dict(
-        os.environ,
-        LD_PRELOAD=str(interposer),
-        KVTIER_FAULT="open",
-        KVTIER_FAULT_ERRNO="0",
-        KVTIER_FAULT_MATCH=".kvb",
-        KVTIER_FAULT_GATE=str(gate),
-    )
+    env = gated_env(gate)
     args = [scenario, holder, kind, str(tmp_path / "root"), str(gate)]
     return subprocess.run(
         [sys.executable, str(FAULTS / "teardown_child.py"), *args],
@@ -55,8 +48,8 @@ def assert_clean(proc: subprocess.CompletedProcess) -> None:
 # The transfer (slow to start: it imports torch) with a load only: its stores read the same
 # memory through the same staging copies.
 @pytest.mark.parametrize("holder,kind", [("fs", "store"), ("fs", "load"), ("gpu", "load")])
-def test_dropped_holder_stops_its_workers_before_freeing_memory(interposer, tmp_path, holder, kind):
-    proc = run_child(interposer, tmp_path, "drop", holder, kind)
+def test_dropped_holder_stops_its_workers_before_freeing_memory(gated_env, tmp_path, holder, kind):
+    proc = run_child(gated_env, tmp_path, "drop", holder, kind)
     assert_clean(proc)
     assert proc.stdout.split() == ["ok"]
 
@@ -64,9 +57,9 @@ def test_dropped_holder_stops_its_workers_before_freeing_memory(interposer, tmp_
 # The fs tier five times over, as the defect showed 5 of 5; the transfer (slow to start: it
 # imports torch) once.
 @pytest.mark.parametrize("holder,runs", [("fs", 5), ("gpu", 1)])
-def test_interpreter_exit_with_stores_queued_is_clean(interposer, tmp_path, holder, runs):
+def test_interpreter_exit_with_stores_queued_is_clean(gated_env, tmp_path, holder, runs):
     for run in range(runs):
-        proc = run_child(interposer, tmp_path / str(run), "exit", holder, "store")
+        proc = run_child(gated_env, tmp_path / str(run), "exit", holder, "store")
         assert_clean(proc)
         assert proc.stdout.split() == ["ok"]
         assert_exit_finished_the_running_store(tmp_path / str(run))
@@ -85,26 +78,26 @@ def assert_exit_finished_the_running_store(tmp_path: Path) -> None:
     assert list(root.rglob("*.tmp")) == []
 
 
-def test_engine_dropped_by_a_daemon_thread_during_exit(interposer, tmp_path):
+def test_engine_dropped_by_a_daemon_thread_during_exit(gated_env, tmp_path):
     # Its destructor stops the engine with the GIL released; waiting for the GIL again while
     # the interpreter finalizes would end the thread with a forced unwind (std::terminate).
     for run in range(3):
-        proc = run_child(interposer, tmp_path / str(run), "exit-drop-daemon", "fs", "store")
+        proc = run_child(gated_env, tmp_path / str(run), "exit-drop-daemon", "fs", "store")
         assert_clean(proc)
         assert proc.stdout.split() == ["ok"]
         assert_exit_finished_the_running_store(tmp_path / str(run))
 
 
-def test_interpreter_exit_stops_an_engine_that_is_never_collected(interposer, tmp_path):
-    proc = run_child(interposer, tmp_path, "exit-daemon", "fs", "store")
+def test_interpreter_exit_stops_an_engine_that_is_never_collected(gated_env, tmp_path):
+    proc = run_child(gated_env, tmp_path, "exit-daemon", "fs", "store")
     assert_clean(proc)
     assert proc.stdout.split() == ["ok"]
     assert_exit_finished_the_running_store(tmp_path)
 
 
 @pytest.mark.parametrize("holder", HOLDERS)
-def test_python_threads_run_while_an_engine_is_destroyed(interposer, tmp_path, holder):
-    proc = run_child(interposer, tmp_path, "gil", holder, "store")
+def test_python_threads_run_while_an_engine_is_destroyed(gated_env, tmp_path, holder):
+    proc = run_child(gated_env, tmp_path, "gil", holder, "store")
     assert_clean(proc)
     state = json.loads(proc.stdout)
     # The held block operation ends only once the gate opens: a Python thread opened it, and
