@@ -335,8 +335,8 @@ def test_one_scan_serves_later_passes_in_lru_order(tmp_path):
         names = present()
         survivors = [i for i in range(1200) if f"{key(i).hex()}.kvb" in names]
         used, cold = survivors[:4], survivors[4:40]
-        for i in used:  # another process stores (already there: a use) and loads each
-            args = {"row_bytes": row, "first": i, "count": 1, "options": {}}
+        for i in used:  # another process loads each: a use
+            args = {"row_bytes": row, "first": i, "count": 1, "options": {}, "load_only": True}
             worker = subprocess.Popen(
                 [sys.executable, WORKER, str(tmp_path), json.dumps(args)],
                 stdout=subprocess.PIPE,
