@@ -58,6 +58,7 @@
 #include <cstring>
 #include <new>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <kvtier/files.hpp>
@@ -285,7 +286,9 @@ Disposition prepare_store(const IoContext& ctx, WorkerContext& worker, Ring& rin
 // before the batch gives its staging buffers back: a staged block's bytes are in its lease.
 void write_what_would_block(const IoContext& ctx, Block& b) noexcept {
   if (b.res[kData] != -EAGAIN && b.res[kData] != -EOPNOTSUPP) return;
-  if (int e = pwritev_full(b.fd.get(), b.iov, 0)) {
+  // Moved, not copied: nothing reads the iovecs after this write, and a copy could throw
+  // (run_blocks, which calls this, is noexcept).
+  if (int e = pwritev_full(b.fd.get(), std::move(b.iov), 0)) {
     b.res[kData] = -e;
     return;
   }
