@@ -142,7 +142,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description=(
             "Store and load KV blocks through kvtier's fs tier on --root and report GB/s, CPU "
             "seconds per GiB, load latency under a store flood and how much a Python "
-            "scheduler loop slows down, next to fio's ceiling and (--peer vllm) vLLM's tier. "
+            "scheduler loop slows down, next to fio's ceilings and (--peer) vLLM's, LMCache's or "
+            "SGLang's tier. "
             "Every figure is the median of --repeat runs with its min-max spread."
         ),
     )
