@@ -77,6 +77,22 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _ceilings(text: str) -> tuple:
+    from kvtier.bench.ceiling import parse_ceilings
+    from kvtier.bench.errors import BenchError
+
+    try:
+        return parse_ceilings(text)
+    except BenchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ceilings_help() -> str:
+    from kvtier.bench.ceiling import CEILINGS_HELP
+
+    return f"the fio ceilings (default: default): {CEILINGS_HELP}"
+
+
 def _max_bytes(text: str) -> int:
     from kvtier.cli_capacity import size_arg
 
@@ -126,7 +142,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description=(
             "Store and load KV blocks through kvtier's fs tier on --root and report GB/s, CPU "
             "seconds per GiB, load latency under a store flood and how much a Python "
-            "scheduler loop slows down, next to fio's ceiling and (--peer vllm) vLLM's tier. "
+            "scheduler loop slows down, next to fio's ceilings and (--peer) vLLM's, LMCache's or "
+            "SGLang's tier. "
             "Every figure is the median of --repeat runs with its min-max spread."
         ),
     )
@@ -198,10 +215,13 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench.add_argument(
         "--peer",
         action="append",
-        choices=["vllm", "sglang"],
+        choices=["vllm", "sglang", "lmcache"],
         default=[],
-        help="also run the workload through vLLM's fs tier (needs vllm), or (sglang) SGLang's "
-        "file backend and kvtier's SGLang backend side by side (needs sglang)",
+        help="also run the workload through vLLM's fs tier (needs vllm; its native I/O path "
+        "where vllm.fs_io_C loads: .ci/vllm-native-env.sh), (lmcache) LMCache's "
+        "LocalDiskBackend, buffered and O_DIRECT, and its FSConnector (needs lmcache: "
+        ".ci/lmcache-env.sh), or (sglang) SGLang's file backend and kvtier's SGLang backend "
+        "side by side (needs sglang)",
     )
     engines = bench.add_mutually_exclusive_group()
     engines.add_argument(
@@ -224,6 +244,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="the fs tier's checksum (default: crc32c; the CPU target is set for none)",
     )
     bench.add_argument("--no-fio", action="store_true", help="skip the fio ceilings")
+    bench.add_argument("--ceilings", type=_ceilings, default=None, help=_ceilings_help())
     bench.add_argument(
         "--max-bytes",
         type=_max_bytes,
@@ -313,6 +334,7 @@ def _bench(args: argparse.Namespace) -> int:
         compare_io_engines=args.compare_io_engines,
         checksum=args.checksum,
         run_fio=not args.no_fio,
+        ceilings=args.ceilings,
         json_path=args.json,
         plot_path=args.plot,
         progress=not args.quiet,
@@ -402,6 +424,7 @@ def _info(args: argparse.Namespace) -> int:
         ("fio (bench ceiling)", shutil.which("fio") or "not found"),
         ("matplotlib (bench --plot)", _found("matplotlib")),
         ("vllm (bench --peer vllm)", _found("vllm")),
+        ("lmcache (bench --peer lmcache)", _found("lmcache")),
         ("sglang (bench --peer sglang)", _found("sglang")),
         ("CMake package", kvtier.cmake_dir()),
     ]

@@ -25,27 +25,113 @@ def fio_job_size(total_bytes: int, block_size: int, numjobs: int) -> int:
     return max(block_size, per_job - per_job % block_size)
 
 
+#: Bytes of header in front of every kvtier block file's payload: a kvtier load reads the
+#: block size plus this in one request.
+BLOCK_HEADER = 4096
+
+
 @dataclass(frozen=True)
 class Ceiling:
-    """One way of running fio as a ceiling: its I/O engine, and whether it writes one new file
-    per block the way the tier does (or streams one file per job)."""
+    """One way of running fio as a ceiling.
+
+    A *basic* ceiling writes then reads (its own files: one stream per job, or with
+    ``file_per_block`` one new file per block the way the tier writes). A *load* ceiling
+    (``load``) only reads, with ``iodepth`` requests in flight per job and requests of the
+    block size plus ``header`` bytes, from a layout the bench writes once per run for all
+    load ceilings: the figures a load can reach on this device.
+    """
 
     key: str  # where its figures live in a size's results ("fio" is the original ceiling)
     label: str  # its row in the report
     ioengine: str
     file_per_block: bool = False
+    iodepth: int = 1
+    header: int = 0
+    load: bool = False
 
 
-#: fio with pread/pwrite (the ceiling the issue-13 targets compare against), fio with io_uring,
-#: and fio creating, writing and closing one file per block (create_on_open, one open file at a
-#: time, files in order: open(O_CREAT), one pwrite, close per block, as strace shows), so the
-#: per-file cost the tier pays is visible as its own line. The tier also writes a tmp name and
-#: renames it; fio has no rename, so that cost stays the tier's.
-CEILINGS = (
+#: fio with pread/pwrite (the ceiling the fio-relative targets compare against), fio with
+#: io_uring, and fio creating, writing and closing one file per block (create_on_open, one
+#: open file at a time, files in order: open(O_CREAT), one pwrite, close per block, as strace
+#: shows), so the per-file cost the tier pays is visible as its own line. The tier also writes
+#: a tmp name and renames it; fio has no rename, so that cost stays the tier's.
+BASIC_CEILINGS = (
     Ceiling("fio", "fio (ceiling)", "psync"),
     Ceiling("fio_io_uring", "fio io_uring (ceiling)", "io_uring"),
     Ceiling("fio_new_files", "fio new file per block", "psync", file_per_block=True),
 )
+
+_ENGINES = ("psync", "libaio", "io_uring")
+_ASYNC_ENGINES = ("libaio", "io_uring")
+_LOAD_DEPTHS = (4, 16, 32)
+
+
+def load_ceiling(ioengine: str, iodepth: int, header: int = 0) -> Ceiling:
+    """The load ceiling reading with ``ioengine`` at ``iodepth``, block size + ``header``."""
+    key = f"fio_load_{ioengine}_qd{iodepth}" + (f"_plus{header // 1024}k" if header else "")
+    label = f"fio load {ioengine} qd{iodepth}" + (f" bs+{header // 1024}K" if header else "")
+    return Ceiling(key, label, ioengine, iodepth=iodepth, header=header, load=True)
+
+
+#: What the device reaches for loads: both asynchronous engines at several depths, with
+#: requests of the block size and of the block size plus kvtier's header.
+LOAD_CEILINGS = tuple(
+    load_ceiling(engine, depth, header)
+    for engine in _ASYNC_ENGINES
+    for depth in _LOAD_DEPTHS
+    for header in (0, BLOCK_HEADER)
+)
+#: `kvtier bench`'s ceilings unless --ceilings says otherwise.
+CEILINGS = BASIC_CEILINGS + LOAD_CEILINGS
+_PRESETS = {"default": CEILINGS, "basic": BASIC_CEILINGS, "loads": LOAD_CEILINGS}
+CEILINGS_HELP = (
+    "comma-separated: presets default (basic + loads), basic (fio psync, fio io_uring, fio "
+    "new file per block; write then read), loads (reads only: libaio and io_uring at "
+    "iodepth 4, 16, 32, requests of the block size and of the block size + 4 KiB, kvtier's "
+    "header), or load lines ENGINE:qdN[:+4k] with ENGINE libaio, io_uring or psync (qd1), "
+    "e.g. io_uring:qd64:+4k; fio (psync) always runs, every ratio is against it"
+)
+
+
+def _parse_spec(spec: str) -> Ceiling:
+    parts = [p.strip().lower() for p in spec.split(":")]
+    engine, options = parts[0], parts[1:]
+    if engine not in _ENGINES:
+        raise BenchError(
+            f"invalid ceiling {spec!r}: unknown fio engine {engine!r}; expected one of "
+            f"{', '.join(_ENGINES)} (or a preset: {', '.join(_PRESETS)})"
+        )
+    depth, header = 1, 0
+    for option in options:
+        if option.startswith("qd") and option[2:].isdigit() and int(option[2:]) >= 1:
+            depth = int(option[2:])
+        elif option in ("+4k", "+4kib"):
+            header = BLOCK_HEADER
+        else:
+            raise BenchError(
+                f"invalid ceiling {spec!r}: unknown option {option!r}; expected qdN (requests "
+                "in flight per job, N >= 1) or +4k (requests of the block size + 4 KiB)"
+            )
+    if engine == "psync" and depth > 1:
+        raise BenchError(
+            f"invalid ceiling {spec!r}: psync has one request in flight per job; use libaio "
+            "or io_uring for qd > 1"
+        )
+    return load_ceiling(engine, depth, header)
+
+
+def parse_ceilings(text: str) -> tuple[Ceiling, ...]:
+    """The --ceilings list: presets and load specs, in order, duplicates dropped, with the
+    psync ceiling (the one every ratio is against) first."""
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if not items:
+        raise BenchError(f"invalid --ceilings {text!r}: expected e.g. basic,libaio:qd16:+4k")
+    chosen: dict[str, Ceiling] = {BASIC_CEILINGS[0].key: BASIC_CEILINGS[0]}
+    for item in items:
+        preset = _PRESETS.get(item.lower())
+        for ceiling in preset if preset is not None else (_parse_spec(item),):
+            chosen.setdefault(ceiling.key, ceiling)
+    return tuple(chosen.values())
 
 
 def fio_command(
@@ -58,6 +144,7 @@ def fio_command(
     direct: bool,
     ioengine: str = "psync",
     file_per_block: bool = False,
+    iodepth: int = 1,
 ) -> list[str]:
     """The fio command line for one direction (``rw`` = ``write`` or ``read``)."""
     cmd = [
@@ -71,6 +158,8 @@ def fio_command(
         f"--size={size}",
         f"--rw={rw}",
     ]
+    if iodepth > 1:
+        cmd.append(f"--iodepth={iodepth}")
     if file_per_block:
         cmd += [
             f"--nrfiles={size // block_size}",
@@ -104,6 +193,68 @@ def _run(cmd: list[str]) -> dict:
         raise BenchError(f"could not parse fio's JSON output of: {shlex.join(cmd)}") from exc
 
 
+def _figures(cmd: list[str], rw: str, numjobs: int) -> dict:
+    """Run one fio direction; its GB/s, bytes, CPU seconds per GiB and the command."""
+    report = _run(cmd)
+    job = report["jobs"][0]
+    stats = job[rw]
+    result = {
+        f"{rw}_command": shlex.join(cmd),
+        f"{rw}_gbps": stats["bw_bytes"] / 1e9,
+        f"{rw}_bytes": stats["io_bytes"],
+    }
+    # usr_cpu/sys_cpu are percentages of the jobs' summed run time (job_runtime, ms).
+    job_runtime_s = job.get("job_runtime", stats.get("runtime", 0) * numjobs) / 1e3
+    if job_runtime_s and stats["io_bytes"]:
+        cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job_runtime_s
+        result[f"{rw}_cpu_s_per_gib"] = cpu_s / (stats["io_bytes"] / (1 << 30))
+    return result
+
+
+def write_load_layout(
+    directory: Path, *, block_size: int, total_bytes: int, numjobs: int, direct: bool
+) -> dict:
+    """The files every load ceiling reads (one per job, written by fio psync); the write's
+    figures, kept in the JSON (the basic psync ceiling reports writes).
+
+    Each job's file holds its share of the blocks, each with room for kvtier's header, so that
+    requests of the block size and of the block size + header both read every block."""
+    directory.mkdir(parents=True, exist_ok=True)
+    blocks = fio_job_size(total_bytes, block_size, numjobs) // block_size
+    request = block_size + BLOCK_HEADER
+    cmd = fio_command(
+        directory, rw="write", block_size=request, numjobs=numjobs, size=blocks * request,
+        direct=direct,
+    )  # fmt: skip
+    size = blocks * request
+    return {"size_per_job": size, **_figures(cmd, "write", numjobs)}
+
+
+def run_fio_load(
+    directory: Path, *, block_size: int, size_per_job: int, numjobs: int, direct: bool,
+    ceiling: Ceiling,
+) -> dict:  # fmt: skip
+    """One load ceiling: a sequential read of the layout's files (each job its own file) in
+    requests of the block size + ``ceiling.header``, ``ceiling.iodepth`` in flight per job."""
+    request = block_size + ceiling.header
+    size = size_per_job - size_per_job % request  # whole requests within the laid-out file
+    if size <= 0:
+        raise BenchError(
+            f"each fio job's file ({size_per_job} bytes) is smaller than one request of "
+            f"{request} bytes; raise --total"
+        )
+    cmd = fio_command(
+        directory, rw="read", block_size=request, numjobs=numjobs, size=size, direct=direct,
+        ioengine=ceiling.ioengine, iodepth=ceiling.iodepth,
+    )  # fmt: skip
+    result: dict = {
+        "numjobs": numjobs, "size_per_job": size, "direct": direct,
+        "ioengine": ceiling.ioengine, "iodepth": ceiling.iodepth, "request_bytes": request,
+    }  # fmt: skip
+    result.update(_figures(cmd, "read", numjobs))
+    return result
+
+
 def run_fio(
     directory: Path,
     *,
@@ -111,7 +262,7 @@ def run_fio(
     total_bytes: int,
     numjobs: int,
     direct: bool,
-    ceiling: Ceiling = CEILINGS[0],
+    ceiling: Ceiling = BASIC_CEILINGS[0],
 ) -> dict:
     """Sequential write then read of ``numjobs`` files (or, for a file-per-block ceiling, of
     one file per block); GB/s per direction and the commands.
@@ -136,17 +287,7 @@ def run_fio(
                 ioengine=ceiling.ioengine,
                 file_per_block=ceiling.file_per_block,
             )
-            report = _run(cmd)
-            job = report["jobs"][0]
-            stats = job[key]
-            result[f"{rw}_command"] = shlex.join(cmd)
-            result[f"{rw}_gbps"] = stats["bw_bytes"] / 1e9
-            result[f"{rw}_bytes"] = stats["io_bytes"]
-            # usr_cpu/sys_cpu are percentages of the jobs' summed run time (job_runtime, ms).
-            job_runtime_s = job.get("job_runtime", stats.get("runtime", 0) * numjobs) / 1e3
-            if job_runtime_s and stats["io_bytes"]:
-                cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job_runtime_s
-                result[f"{rw}_cpu_s_per_gib"] = cpu_s / (stats["io_bytes"] / (1 << 30))
+            result.update(_figures(cmd, key, numjobs))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     return result

@@ -96,6 +96,8 @@ class BenchConfig:
     compare_io_engines: bool = False
     checksum: str = "crc32c"
     run_fio: bool = True
+    #: The fio ceilings (kvtier.bench.ceiling.Ceiling, --ceilings); None: the default set.
+    ceilings: tuple | None = None
     json_path: Path | None = None
     plot_path: Path | None = None
     progress: bool = True

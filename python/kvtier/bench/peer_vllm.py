@@ -36,20 +36,38 @@ def vllm_status() -> dict:
     except Exception as exc:  # ImportError, or vLLM failing inside its own import
         return {
             "available": False,
-            "reason": f"vLLM is not importable in this Python ({type(exc).__name__}: {exc})",
+            "reason": (
+                f"vLLM is not importable in this Python ({type(exc).__name__}: {exc}); build "
+                "an environment with `bash .ci/vllm-native-env.sh` (vLLM's native I/O path) "
+                "and run `.venv-vllm-native/bin/python -m kvtier bench --peer vllm`"
+            ),
         }
     version = getattr(vllm, "__version__", "unknown")
+    # vLLM's fs tier picks its path once, when vllm...fs.io is imported: _HAS_FSIO_C says
+    # whether its batch_store_block / batch_load_block call into vllm.fs_io_C.
     if getattr(fs_io, "_HAS_FSIO_C", False):
-        io_path = "native (vllm.fs_io_C)"
-    else:
-        try:
-            import vllm.fs_io_C  # noqa: F401
+        import vllm.fs_io_C as native
 
-            why = "not used"
-        except Exception as exc:
-            why = f"{type(exc).__name__}: {exc}"
-        io_path = f"pure Python (vllm.fs_io_C could not load: {why})"
-    return {"available": True, "version": version, "io_path": io_path}
+        return {
+            "available": True,
+            "version": version,
+            "io_path": "native (vllm.fs_io_C)",
+            "io_path_kind": "native",
+            "fs_io_C": getattr(native, "__file__", None),
+        }
+    try:
+        import vllm.fs_io_C  # noqa: F401
+
+        why = "it loads now, but vLLM's fs tier was imported before it could"
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    return {
+        "available": True,
+        "version": version,
+        "io_path": f"pure Python (vllm.fs_io_C could not load: {why})",
+        "io_path_kind": "python",
+        "native_unavailable": why,
+    }
 
 
 def _offloading_spec(block_size: int):

@@ -7,7 +7,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from kvtier.bench.ceiling import CEILINGS
+from kvtier.bench.ceiling import BASIC_CEILINGS
 from kvtier.bench.config import NOISY_RATIO, format_size
 from kvtier.bench.machine import describe_short
 
@@ -22,10 +22,23 @@ def _pct(value: float | None) -> str:
     return _f(None if value is None else value * 100, "{:.0f}%")
 
 
+#: The LMCache peer's backends (kvtier.bench.peer_lmcache.VARIANTS) as the tables name them.
+_LMCACHE_LABELS = {
+    "lmcache-disk": "LMCache LocalDisk",
+    "lmcache-disk-odirect": "LMCache LocalDisk O_DIRECT",
+    "lmcache-fs": "LMCache FSConnector",
+}
+
+
 def _tier_label(name: str, results: dict) -> str:
     if name == "vllm":
-        io_path = results.get("peers", {}).get("vllm", {}).get("io_path", "")
-        return "vllm fs (" + ("pure Python" if io_path.startswith("pure") else "native") + ")"
+        vllm = results.get("peers", {}).get("vllm", {})
+        kind = vllm.get("io_path_kind")  # results saved before it: judged from the text
+        if kind is None:
+            kind = "python" if vllm.get("io_path", "").startswith("pure") else "native"
+        return "vllm fs (" + ("pure Python" if kind == "python" else "native") + ")"
+    if name in _LMCACHE_LABELS:
+        return _LMCACHE_LABELS[name]
     if name.startswith("kvtier-"):  # --compare-io-engines: one tier per engine
         return f"kvtier fs ({name.removeprefix('kvtier-')})"
     return "kvtier fs"
@@ -128,6 +141,9 @@ def render(results: dict) -> str:
             out.append(f"  vLLM peer: vLLM {vllm['version']}, {vllm['io_path']}")
         else:
             out.append(f"  vLLM peer: skipped: {vllm.get('skipped')}")
+    lmcache = results.get("peers", {}).get("lmcache")
+    if lmcache:
+        out.extend(_lmcache_header(lmcache))
     out.append("")
 
     noisy: list[str] = []
@@ -154,7 +170,7 @@ def render(results: dict) -> str:
                     _f(tp.get("first_store_gbps")),
                 ]
             )
-        for ceiling in CEILINGS:
+        for ceiling in BASIC_CEILINGS:
             fio = entry.get(ceiling.key)
             if not fio:
                 continue
@@ -165,6 +181,20 @@ def render(results: dict) -> str:
                     cell(row_label, fio, "write_gbps", "write GB/s"),
                     cell(row_label, fio, "read_gbps", "read GB/s"),
                     _f(fio.get("write_cpu_s_per_gib"), "{:.3f}"),
+                    _f(fio.get("read_cpu_s_per_gib"), "{:.3f}"),
+                    "",
+                ]
+            )
+        best = _best_load(entry)
+        if best is not None:
+            _, fio = best
+            row_label = f"{entry['label']} {_load_label(entry, fio)} (best load)"
+            rows.append(
+                [
+                    row_label,
+                    "-",
+                    cell(row_label, fio, "read_gbps", "read GB/s"),
+                    "-",
                     _f(fio.get("read_cpu_s_per_gib"), "{:.3f}"),
                     "",
                 ]
@@ -245,6 +275,39 @@ def render(results: dict) -> str:
     return "\n".join(out)
 
 
+def _lmcache_header(lmcache: dict) -> list[str]:
+    if not lmcache.get("available"):
+        return [f"  LMCache peer: skipped: {lmcache.get('skipped') or lmcache.get('reason')}"]
+    names = ", ".join(_LMCACHE_LABELS.get(b, b) for b in lmcache.get("backends", []))
+    text = (
+        f"LMCache peer: LMCache {lmcache['version']} at its storage API ({names}), "
+        f"{lmcache.get('threads')} threads per pool. Its buffered stores (LocalDisk without "
+        "O_DIRECT, FSConnector) end in the page cache, never synced: the figures do not include "
+        "writing them to the device, which the loads' fsync before dropping them does, "
+        "untimed. FSConnector loads land in LMCache's staging pool and are copied into place "
+        "(counted). LMCache's index lives in memory only."
+    )
+    return ["  " + line for line in textwrap.wrap(text, width=96, subsequent_indent="  ")]
+
+
+def _load_label(entry: dict, fio: dict) -> str:
+    """``fio load io_uring qd16 bs+4K``: a load ceiling of one size's results."""
+    extra = fio.get("request_bytes", entry["block_size"]) - entry["block_size"]
+    text = f"fio load {fio.get('ioengine', '?')} qd{fio.get('iodepth', '?')}"
+    return text + (f" bs+{extra // 1024}K" if extra > 0 else "")
+
+
+def _best_load(entry: dict) -> tuple[str, dict] | None:
+    """The load ceiling with the highest median read in a size's results, if any ran."""
+    loads = entry.get("fio_loads") or {}
+    key = entry.get("fio_load_best")
+    if key not in loads:
+        if not loads:
+            return None
+        key = max(loads, key=lambda k: loads[k].get("read_gbps", 0.0))
+    return key, loads[key]
+
+
 def _ceiling_lines(results: dict) -> list[str]:
     """How close each figure is to fio's ceiling, and why a figure can be above it."""
     with_fio = [e for e in results["sizes"] if e.get("fio")]
@@ -273,15 +336,22 @@ def _ceiling_lines(results: dict) -> list[str]:
                 else:
                     above = above or share > 1.0
                 cells.append(cell)
+            best = _best_load(entry)
+            if best is not None:
+                share = _ratio(tp.get("load_gbps"), best[1].get("read_gbps"))
+                cells.append(_pct(share) if share is not None else "-")
             rows.append(cells)
-    out.append(_table(["block / tier", "store / fio write", "load / fio read"], rows))
+    header = ["block / tier", "store / fio write", "load / fio read"]
+    if any(_best_load(e) for e in with_fio):
+        header.append("load / best fio load")
+    out.append(_table(header, rows))
     if above:  # clearly above: the runs' ranges do not overlap
         out.extend(_above_ceiling_reason(results, with_fio[0]["fio"]))
     out.append("")
     out.extend(_target_lines(results, with_fio))
     out.append("Ceiling commands (fio, per run):")
     for entry in with_fio:
-        for ceiling in CEILINGS:
+        for ceiling in BASIC_CEILINGS:
             if entry.get(ceiling.key):
                 out.append(
                     f"  {entry['label']} {ceiling.label}: {entry[ceiling.key]['write_command']}"
@@ -289,9 +359,33 @@ def _ceiling_lines(results: dict) -> list[str]:
                 out.append(
                     f"  {entry['label']} {ceiling.label}: {entry[ceiling.key]['read_command']}"
                 )
+        out.extend(_load_ceiling_lines(entry))
     for key, reason in results.get("fio", {}).get("skipped_ceilings", {}).items():
-        label = next(c.label for c in CEILINGS if c.key == key)
+        label = next((c.label for c in BASIC_CEILINGS if c.key == key), key)
         out.append(f"  {label}: skipped ({reason})")
+    return out
+
+
+def _load_ceiling_lines(entry: dict) -> list[str]:
+    """The load ceilings of one size: the layout and the best one's commands, and every
+    load ceiling's median read on one wrapped line (all their figures are in the JSON)."""
+    best = _best_load(entry)
+    if best is None:
+        return []
+    _, fio = best
+    label = entry["label"]
+    out = []
+    layout = entry.get("fio_load_layout", {})
+    if layout.get("write_command"):
+        out.append(f"  {label} fio layout the load ceilings read: {layout['write_command']}")
+    out.append(f"  {label} {_load_label(entry, fio)} (best load): {fio['read_command']}")
+    loads = entry.get("fio_loads", {})
+    figures = "; ".join(
+        f"{_load_label(entry, v).removeprefix('fio load ')} {_f(v.get('read_gbps'))}"
+        for v in loads.values()
+    )
+    text = f"{label} load ceilings, read GB/s (median; all figures in --json): {figures}"
+    out.extend("  " + line for line in textwrap.wrap(text, width=96, subsequent_indent="    "))
     return out
 
 
@@ -329,7 +423,7 @@ def _engine_comparison(results: dict) -> list[str]:
     ]
 
 
-#: The issue-13 targets: block size -> least share of fio's (psync) store and load GB/s.
+#: The fio-relative targets: block size -> least share of fio's (psync) store and load GB/s.
 _THROUGHPUT_TARGETS = {256 << 10: 0.8, 2 << 20: 0.9}
 _CPU_TARGET = 1.3  # at most this times fio's CPU seconds per GiB, with checksum none
 _FLOOD_TARGET = 3.0  # load p95 under a store flood at most this times idle
@@ -337,7 +431,9 @@ _LOOP_TARGET = 0.95  # scheduler loop kept while storing
 
 
 def _target_lines(results: dict, with_fio: list[dict]) -> list[str]:
-    """Each kvtier tier against the issue-13 targets: the measured ratio, met or missed."""
+    """Each kvtier tier against the targets (throughput and CPU against fio psync, load p95
+    under a store flood, scheduler loop kept, and against each peer's tier): the measured
+    ratio, met or missed."""
     checksum = results["config"].get("checksum", "crc32c")
     rows: list[list[str]] = []
 
@@ -378,17 +474,20 @@ def _target_lines(results: dict, with_fio: list[dict]) -> list[str]:
             kept = t["interference"].get("ratio")
             met = None if kept is None else kept >= _LOOP_TARGET
             row(label, f"scheduler loop kept >= {_LOOP_TARGET:.0%}", kept, "{:.0%}", met)
-            vllm = entry["tiers"].get("vllm")
-            if vllm:
+            for peer, other in entry["tiers"].items():
+                if peer.startswith("kvtier"):
+                    continue
+                peer_label = "vLLM's fs tier" if peer == "vllm" else _tier_label(peer, results)
                 for key, what in (("store_gbps", "store"), ("load_gbps", "load")):
-                    ratio = _ratio(tp.get(key), vllm["throughput"].get(key))
+                    ratio = _ratio(tp.get(key), other["throughput"].get(key))
                     met = None if ratio is None else ratio >= 1.0
-                    row(label, f"{what} >= vLLM's fs tier", ratio, "{:.2f}x", met)
+                    row(label, f"{what} >= {peer_label}", ratio, "{:.2f}x", met)
     if not rows:
         return []
     note = "" if checksum == "none" else ";\nCPU is judged only with --checksum none"
     return [
-        f"Against the issue-13 targets (medians; ratios against fio psync on the same files{note})",
+        "Against the targets (medians; throughput and CPU against fio psync on the same "
+        f"files,\nload p95 against idle, and against each peer's tier{note})",
         _table(["block / tier: target", "measured", "result"], rows),
     ]
 

@@ -15,13 +15,21 @@ from pathlib import Path
 
 import kvtier
 from kvtier import _core
-from kvtier.bench.ceiling import CEILINGS, fio_available, fio_job_size, run_fio
+from kvtier.bench.ceiling import (
+    CEILINGS,
+    Ceiling,
+    fio_available,
+    fio_job_size,
+    run_fio,
+    run_fio_load,
+    write_load_layout,
+)
 from kvtier.bench.config import MIN_BLOCKS, NOISY_RATIO, BenchConfig, MiB, format_size
 from kvtier.bench.errors import BenchError
 from kvtier.bench.interference import measure_interference
 from kvtier.bench.latency import hot_set_size, measure_latency
 from kvtier.bench.machine import describe_machine
-from kvtier.bench.progress import Progress
+from kvtier.bench.progress import Progress, Step
 from kvtier.bench.scratch import check_root, make_scratch
 from kvtier.bench.throughput import measure_throughput
 from kvtier.bench.workload import (
@@ -40,10 +48,13 @@ _HEADER = 4096  # bytes of header per kvtier block file
 _SPACE_MARGIN = 64 * MiB
 _FREE_FRACTION = 0.8  # never plan to use more than this share of the free space
 _MEMORY_FRACTION = 0.5  # nor more than this share of available memory for primary memory
-#: Rough cost of each step in units of one run's volume (what it stores, loads and removes),
-#: so that the progress ETA weighs a throughput step (two stores, a load, two removals)
-#: above the others.
-_STEP_WEIGHTS = {"throughput": 4.0, "interference": 2.0, "latency": 2.0, "fio": 2.0}
+#: Each step's share of the progress bar, in units of one run's volume (what it stores, loads
+#: and removes). The time left is estimated per kind of step, from the steps that ran
+#: (kvtier.bench.progress), not from these.
+_STEP_WEIGHTS = {
+    "throughput": 4.0, "interference": 2.0, "latency": 2.0, "fio": 2.0, "fio_load": 1.0,
+}  # fmt: skip
+_MEASURES = (("throughput", THROUGHPUT), ("interference", INTERFERENCE), ("latency", LATENCY))
 
 
 def _available_memory() -> int | None:
@@ -228,6 +239,8 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
     peers: dict[str, dict] = {}
     notes: list[str] = []
     io_engines = _kvtier_tiers(config, scratch, per_run, tiers, notes)
+    if "lmcache" in config.peers:
+        _lmcache_tiers(config, scratch, tiers, peers, notes, stream)
     if "vllm" in config.peers:
         from kvtier.bench.peer_vllm import vllm_factory, vllm_status
 
@@ -250,12 +263,9 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
         fio_info["skipped"] = "fio is not installed (e.g. apt-get install fio)"
     direct = _core.probe_o_direct(str(scratch)) == ""
 
-    per_rep_weights = [
-        *[_STEP_WEIGHTS[k] for _ in tiers for k in ("throughput", "interference", "latency")],
-        *([_STEP_WEIGHTS["fio"]] * len(CEILINGS) if fio_path else []),
-    ]
+    ceilings = config.ceilings if config.ceilings is not None else CEILINGS
     progress = Progress(
-        per_rep_weights * (len(config.block_sizes) * config.repeat),
+        step_plan(config, list(tiers), ceilings if fio_path else ()),
         enabled=config.progress,
         stream=stream,
     )
@@ -280,6 +290,7 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
             samples_per_run=samples_per_run,
             loop_seconds_per_run=loop_seconds_per_run,
             io_engines=io_engines,
+            ceilings=ceilings,
         )
         # The tier's warnings (io_engine "auto" falling back, once) join the progress lines
         # instead of cutting into the live line.
@@ -337,6 +348,38 @@ class _Plan:
     #: Per kvtier tier: the io_engine asked for, the one that ran and why "auto" fell back (or
     #: why io_uring was unavailable to --compare-io-engines).
     io_engines: dict[str, dict]
+    #: The fio ceilings to run (each block size, each run).
+    ceilings: tuple[Ceiling, ...] = CEILINGS
+
+
+def tier_order(tiers: list[str], rep: int) -> list[str]:
+    """The tiers in the order run ``rep`` measures them: alternating, so that no tier always
+    runs first (on a disk whose cache warms up, or a machine that gets busier)."""
+    return list(tiers) if rep % 2 == 0 else list(reversed(tiers))
+
+
+def step_plan(
+    config: BenchConfig, tiers: list[str], ceilings: tuple[Ceiling, ...] | list[Ceiling]
+) -> list[Step]:
+    """Every step `_measure` runs, in its order, with the kind the progress ETA estimates
+    it by: (measurement, tier or ceiling, block size)."""
+    plan: list[Step] = []
+    loads = [c for c in ceilings if c.load]
+    for block_size in config.block_sizes:
+        label = format_size(block_size)
+        for rep in range(config.repeat):
+            for name in tier_order(tiers, rep):
+                for kind, _ in _MEASURES:
+                    plan.append(Step((kind, name, label), _STEP_WEIGHTS[kind]))
+            for ceiling in ceilings:
+                if not ceiling.load:
+                    plan.append(Step(("fio", ceiling.key, label), _STEP_WEIGHTS["fio"]))
+            # Reads only: estimated from other load ceilings, not from a write and a read.
+            if loads:
+                plan.append(Step(("fio load", "layout", label), _STEP_WEIGHTS["fio_load"]))
+            for ceiling in loads:
+                plan.append(Step(("fio load", ceiling.key, label), _STEP_WEIGHTS["fio_load"]))
+    return plan
 
 
 def _kvtier_tiers(
@@ -380,6 +423,95 @@ def _kvtier_tiers(
     return io_engines
 
 
+def _run_load_ceilings(
+    config: BenchConfig,
+    plan: _Plan,
+    progress: Progress,
+    block_size: int,
+    rep: int,
+    fio_runs: dict[str, list[dict]],
+    fio_skipped: dict[str, str],
+) -> dict | None:
+    """The load ceilings of one run: fio psync writes one file per job (the layout), then
+    each load ceiling reads them; the layout's figures, or None without load ceilings.
+
+    A load ceiling fio or the kernel refuses (no libaio, io_uring blocked) is skipped with
+    its reason, as the io_uring ceiling is; the others still run."""
+    loads = [c for c in plan.ceilings if c.load]
+    if not loads:
+        return None
+    label, run = format_size(block_size), f"(run {rep + 1}/{config.repeat})"
+    directory = plan.scratch / f"fio-loads-{block_size}-{rep}"
+    layout = None
+    try:
+        progress.step(f"{label} fio layout for the load ceilings {run}")
+        try:
+            layout = write_load_layout(
+                directory, block_size=block_size, total_bytes=plan.per_run,
+                numjobs=config.threads, direct=plan.direct,
+            )  # fmt: skip
+        except BenchError as exc:
+            for ceiling in loads:
+                fio_skipped.setdefault(ceiling.key, f"the layout could not be written: {exc}")
+        progress.advance()
+        for ceiling in loads:
+            progress.step(f"{label} {ceiling.label} {run}")
+            if layout is not None and ceiling.key not in fio_skipped:
+                try:
+                    fio_runs[ceiling.key].append(
+                        run_fio_load(
+                            directory,
+                            block_size=block_size,
+                            size_per_job=layout["size_per_job"],
+                            numjobs=config.threads,
+                            direct=plan.direct,
+                            ceiling=ceiling,
+                        )  # fmt: skip
+                    )
+                except BenchError as exc:
+                    fio_skipped[ceiling.key] = str(exc)
+                    progress.message(f"{ceiling.label} skipped: {exc}")
+            progress.advance()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return layout
+
+
+def _lmcache_tiers(
+    config: BenchConfig,
+    scratch: Path,
+    tiers: dict[str, DriverFactory],
+    peers: dict[str, dict],
+    notes: list[str],
+    stream,
+) -> None:
+    """Adds LMCache's backends (kvtier.bench.peer_lmcache.VARIANTS) to ``tiers``; without
+    LMCache in this Python, the run ends before measuring (BenchError)."""
+    from kvtier.bench.peer_lmcache import VARIANTS, lmcache_factory, lmcache_status
+
+    if config.progress:
+        print("kvtier bench: importing LMCache for --peer lmcache ...", file=stream, flush=True)
+    status = lmcache_status()
+    if not status["available"]:
+        raise BenchError(f"--peer lmcache: {status['reason']}")
+    direct = _core.probe_o_direct(str(scratch)) == ""
+    # LMCache gives one count to both of its pools (puts, reads); kvtier's and vLLM's tiers
+    # can put every worker on one direction, so each LMCache pool gets them all.
+    threads = config.read_threads + config.write_threads
+    ran = []
+    for variant in VARIANTS:
+        if variant == "lmcache-disk-odirect" and not direct:
+            notes.append(
+                "--peer lmcache: O_DIRECT does not work on this file system, so LMCache's "
+                "LocalDiskBackend ran buffered only (its use_odirect puts would fail, and "
+                "LMCache drops that error)"
+            )
+            continue
+        tiers[variant] = lmcache_factory(variant, threads, direct)
+        ran.append(variant)
+    peers["lmcache"] = {**status, "backends": ran, "threads": threads}
+
+
 def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
     root, scratch, tiers, peers, notes = plan.root, plan.scratch, plan.tiers, plan.peers, plan.notes
     fio_info, fio_path, direct, per_run = plan.fio_info, plan.fio_path, plan.direct, plan.per_run
@@ -400,10 +532,10 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
             per_tier: dict[str, dict[str, list[dict]]] = {
                 name: {"throughput": [], "interference": [], "latency": []} for name in tiers
             }
-            fio_runs: dict[str, list[dict]] = {c.key: [] for c in CEILINGS}
+            fio_runs: dict[str, list[dict]] = {c.key: [] for c in plan.ceilings}
+            layouts: list[dict] = []
             for rep in range(config.repeat):
-                order = list(tiers) if rep % 2 == 0 else list(reversed(tiers))
-                for name in order:
+                for name in tier_order(list(tiers), rep):
                     prefix = f"{name}-{block_size}-{rep}".encode()
                     common = {
                         "primary": primary,
@@ -436,7 +568,8 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
                     per_tier[name]["interference"].append(results[INTERFERENCE])
                     per_tier[name]["latency"].append(results[LATENCY])
 
-                for ceiling in CEILINGS if fio_path else ():
+                basic = [c for c in plan.ceilings if not c.load]
+                for ceiling in basic if fio_path else ():
                     progress.step(f"{label} {ceiling.label} (run {rep + 1}/{config.repeat})")
                     if ceiling.key not in fio_skipped:
                         try:
@@ -458,6 +591,12 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
                             fio_skipped[ceiling.key] = str(exc)
                             progress.message(f"{ceiling.label} skipped: {exc}")
                     progress.advance()
+                if fio_path:
+                    layout = _run_load_ceilings(
+                        config, plan, progress, block_size, rep, fio_runs, fio_skipped
+                    )
+                    if layout is not None:
+                        layouts.append(layout)
         finally:
             primary.close()
 
@@ -487,8 +626,17 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
                 ),
                 "latency": _aggregate_latency(phases["latency"]),
             }
+        loads: dict[str, dict] = {}
         for ceiling_key, runs in fio_runs.items():
             if not runs:
+                continue
+            if runs[0].get("iodepth") is not None:  # a load ceiling: reads only
+                summary = summarize_runs(runs, ("read_gbps", "read_cpu_s_per_gib"))
+                for key in ("read_command", "numjobs", "size_per_job", "direct", "ioengine"):
+                    summary[key] = runs[0][key]
+                for key in ("iodepth", "request_bytes"):
+                    summary[key] = runs[0][key]
+                loads[ceiling_key] = summary
                 continue
             fio = summarize_runs(
                 runs, ("write_gbps", "read_gbps", "write_cpu_s_per_gib", "read_cpu_s_per_gib")
@@ -499,6 +647,15 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
                 if key in runs[0]:
                     fio[key] = runs[0][key]
             entry[ceiling_key] = fio
+        if loads:
+            entry["fio_loads"] = loads
+            # The one the report's table shows: the highest median read.
+            entry["fio_load_best"] = max(loads, key=lambda k: loads[k]["read_gbps"])
+            entry["fio_load_layout"] = {
+                "write_command": layouts[0]["write_command"],
+                "size_per_job": layouts[0]["size_per_job"],
+                "write_gbps": [r["write_gbps"] for r in layouts],
+            }
         if "fio" in entry:
             fio = entry["fio"]
             for t in entry["tiers"].values():
@@ -535,7 +692,13 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
         },
         "cache_bypass": cache_bypass,
         "peers": peers,
-        "fio": fio_info or {"found": fio_path, "direct": direct, "skipped_ceilings": fio_skipped},
+        "fio": fio_info
+        or {
+            "found": fio_path,
+            "direct": direct,
+            "skipped_ceilings": fio_skipped,
+            "ceilings": [c.key for c in plan.ceilings],
+        },
         "io_engines": plan.io_engines,
         "sizes": sizes,
         "notes": notes,
