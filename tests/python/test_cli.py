@@ -320,7 +320,7 @@ def test_targets_are_judged_met_or_missed_with_the_measured_ratio(
     saved.write_text(json.dumps(results))
     proc = run(kvtier_cmd("bench", "--from-json", saved))
     assert proc.returncode == 0, proc.stderr
-    section = proc.stdout.split("Against the issue-13 targets", 1)[1]
+    section = proc.stdout.split("Against the targets", 1)[1]
     rows = {ln.split(": ", 1)[1].rsplit(None, 2)[0].strip(): ln.split()[-2:] for ln in
             section.splitlines() if ln.startswith("256 KiB kvtier fs: ")}  # fmt: skip
     store = tier["throughput"]["store_gbps"] / 1e6
@@ -590,7 +590,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
         (["--repeat", "0"], "at least 1"),
         (["--read-threads", "x"], "invalid count"),
         (["--loop-seconds", "-1"], "must be positive"),
-        (["--peer", "lmcache"], "invalid choice"),
+        (["--peer", "bogus"], "invalid choice"),
         (["--io-engine", "libaio"], "invalid choice"),
         (["--io-engine", "psync", "--compare-io-engines"], "not allowed with"),
         (["--checksum", "md5"], "invalid choice"),
