@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from kvtier.errors import ConfigurationError
 from kvtier.tiering.fs.capacity.policy import MAX_MIN_FREE_FRACTION, CapacityPolicy
 from kvtier.tiering.fs.capacity.sizes import SIZE_SYNTAX, parse_size
 
@@ -96,7 +97,8 @@ class FsTierOptions(StorageOptions):
 
     @classmethod
     def parse(cls, tier_type: str, raw: Mapping[str, Any]) -> FsTierOptions:
-        """Validate raw option values; raises ValueError naming the option and what it takes."""
+        """Validate raw option values; raises ConfigurationError (a ValueError) naming the
+        option and what it takes."""
         p, get = cls._parser(f"secondary tier '{tier_type}'", raw)
         return cls(
             **cls._parse_storage(p, raw, get),
@@ -117,8 +119,8 @@ class OptionParser:
         self.owner = owner
         self.valid_names = valid_names
 
-    def error(self, name: str, expected: str, value: Any) -> ValueError:
-        return ValueError(
+    def error(self, name: str, expected: str, value: Any) -> ConfigurationError:
+        return ConfigurationError(
             f"Invalid value {value!r} for option '{name}' of {self.owner}: expected {expected}"
         )
 
@@ -127,7 +129,7 @@ class OptionParser:
         if unknown:
             noun = "option" if len(unknown) == 1 else "options"
             names = ", ".join(repr(k) for k in unknown)
-            raise ValueError(
+            raise ConfigurationError(
                 f"Unknown {noun} {names} for {self.owner}. Valid options: {self.valid_names}"
             )
 
@@ -138,12 +140,14 @@ class OptionParser:
         if n_write is not None:
             n_write = self.integer("n_write_threads", n_write, 0, MAX_THREADS)
         if n_read == 0 and n_write == 0:
-            raise ValueError(f"{self.owner}: n_read_threads + n_write_threads must be at least 1")
+            raise ConfigurationError(
+                f"{self.owner}: n_read_threads + n_write_threads must be at least 1"
+            )
         return n_read, n_write
 
     def root_dir(self, value: Any) -> str:
         if value is None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{self.owner[0].upper()}{self.owner[1:]} requires option 'root_dir' (a "
                 "directory path for block files)"
             )
