@@ -173,6 +173,10 @@ def test_fallback_value_and_runtime_errors(tmp_path: Path, no_errors_module) -> 
 _CHILD_PRELUDE = textwrap.dedent(
     """
     import json, os, sys, types
+    # The package first (its __init__ imports kvtier.errors itself); the binding looks
+    # kvtier.errors up in sys.modules again at each error, so the stand-in below is the one
+    # it calls.
+    from kvtier import _core
     mode = sys.argv[1]
     if mode == "fake":
         module = types.ModuleType("kvtier.errors")
@@ -187,7 +191,6 @@ _CHILD_PRELUDE = textwrap.dedent(
         sys.modules["kvtier.errors"] = module
     else:
         sys.modules["kvtier.errors"] = None
-    from kvtier import _core
 
     def report(exc):
         info = getattr(exc, "info", None) or {}
