@@ -26,7 +26,6 @@ says where).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 
@@ -93,14 +92,20 @@ class CoreError(KvtierError, RuntimeError):
     a usable CUDA runtime)."""
 
 
-@functools.cache
+_combined: dict[tuple[type[StorageError], type[OSError]], type[StorageError]] = {}
+
+
 def _with_builtin(cls: type[StorageError], builtin: type[OSError]) -> type[StorageError]:
     """``cls`` that is also ``builtin`` (FileNotFoundError, ...); made once per pair. It has
     the name of ``cls``, which is what users see and catch."""
-    combined = type(cls.__name__, (cls, builtin), {"__module__": cls.__module__})
-    combined.__qualname__ = cls.__qualname__
-    combined._kvtier_public = cls  # type: ignore[attr-defined]
-    return combined
+    made = _combined.get((cls, builtin))
+    if made is None:
+        made = type(cls.__name__, (cls, builtin), {"__module__": cls.__module__})
+        made.__qualname__ = cls.__qualname__
+        made._kvtier_public = cls  # type: ignore[attr-defined]
+        # setdefault is atomic: threads racing to make a pair all get the same class.
+        made = _combined.setdefault((cls, builtin), made)
+    return made
 
 
 def _public_class(cls: type[StorageError]) -> type[StorageError]:

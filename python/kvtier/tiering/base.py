@@ -111,8 +111,10 @@ class SecondaryTierManager(ABC):
         self._primary_kv_view = primary_kv_view
         self.tier_type = tier_type
         # Row b starts at b * strides[0]; rows are the unit of transfer whatever the format.
-        self._block_size_bytes: int = primary_kv_view.strides[0]
-        self._num_blocks: int = primary_kv_view.shape[0]
+        # (shape and strides are tuples for every memoryview; typeshed allows None.)
+        shape, strides = primary_kv_view.shape or (0,), primary_kv_view.strides or (0,)
+        self._block_size_bytes: int = strides[0]
+        self._num_blocks: int = shape[0]
         if self._block_size_bytes <= 0:
             raise InvalidArgumentError(
                 f"primary_kv_view rows must be at least one byte, got {self._block_size_bytes}"

@@ -37,7 +37,6 @@ from typing import Any, NamedTuple
 
 from kvtier import _core
 from kvtier.errors import ConfigurationError, StorageError
-from kvtier.tiering.base import OffloadKey
 from kvtier.tiering.spec import OffloadingSpec
 
 CONFIG_FILE_NAME = "config.json"
@@ -171,7 +170,7 @@ class FileMapper:
         # Saves a join per call: get_file_name runs for every block of every job.
         self._prefix = self.rank_dir + os.sep
 
-    def get_file_name(self, key: OffloadKey) -> str:
+    def get_file_name(self, key: bytes) -> str:
         """Absolute path of the block file for ``key``."""
         d = hashlib.blake2b(key, digest_size=2).hexdigest()
         if len(key) <= _MAX_KEY_BYTES_IN_NAME:

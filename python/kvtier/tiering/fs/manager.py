@@ -355,7 +355,7 @@ def _forget_evicted(
     prefix = rank_dir + os.sep
 
     def forget(paths: list[str]) -> None:
-        keys = []
+        keys: list[OffloadKey] = []
         for path in paths:
             if not path.startswith(prefix):
                 continue
@@ -363,7 +363,7 @@ def _forget_evicted(
             if name.startswith("h"):  # a long key named by its hash: cannot be named back
                 lookups.forget_present()
                 continue
-            keys.append(bytes.fromhex(name))
+            keys.append(OffloadKey(bytes.fromhex(name)))
         lookups.mark_absent(keys)
         if keys:
             for listener in listeners:
