@@ -19,6 +19,12 @@ FORMAT_VERSION: Final[int]
 FINGERPRINT_SIZE: Final[int]
 MAX_KEY_SIZE: Final[int]
 TMP_FILE_PATTERN: Final[str]
+# Every Engine keyword argument -> its default (Python spelling), from a default-constructed
+# C++ EngineConfig: the one definition of the defaults (Engine's signature takes them).
+ENGINE_DEFAULTS: Final[dict[str, Any]]
+# Option -> (lo, hi) (hi None: unbounded) of each range the Engine checks, plus the rules
+# "staging_buffer_bytes_multiple" and "file_mode_required_bits" (ints).
+ENGINE_LIMITS: Final[dict[str, Any]]
 
 @final
 class Direction(metaclass=_Pybind11Type):
@@ -87,24 +93,25 @@ class Engine(metaclass=_Pybind11Type):
         self,
         root_dir: str = "",
         *,
-        n_read_threads: _Int | None = None,
-        n_write_threads: _Int | None = None,
-        o_direct: str | bool = "auto",
-        checksum: str = "crc32c",
-        durability: str = "none",
-        file_mode: _Int = 0o600,
-        fingerprint: bytes = b"",
-        max_stores_in_flight_while_loading: _Int = 2,
-        staging_bytes_total: _Int = 67108864,
-        staging_buffer_bytes: _Int = 2097152,
-        use_cuda: bool = False,
-        cuda_device: _Int = -1,
-        numa_bind: bool = False,
-        worker_nice: _Int = 19,
-        completion_eventfd: bool = False,
-        io_engine: str = "auto",
-        load_nice: _Int = 0,
-        store_cap_linger_ms: _Int = 100,
+        # Defaults: ENGINE_DEFAULTS.
+        n_read_threads: _Int | None = ...,
+        n_write_threads: _Int | None = ...,
+        o_direct: str | bool = ...,
+        checksum: str = ...,
+        durability: str = ...,
+        file_mode: _Int = ...,
+        fingerprint: bytes = ...,
+        max_stores_in_flight_while_loading: _Int = ...,
+        staging_bytes_total: _Int = ...,
+        staging_buffer_bytes: _Int = ...,
+        use_cuda: bool = ...,
+        cuda_device: _Int = ...,
+        numa_bind: bool = ...,
+        worker_nice: _Int = ...,
+        completion_eventfd: bool = ...,
+        io_engine: str = ...,
+        load_nice: _Int = ...,
+        store_cap_linger_ms: _Int = ...,
     ) -> None: ...
     def keep_alive(self, buffers: Iterable[Any]) -> None: ...
     def submit_store(self, job_id: _Int, blocks: Sequence[_Block]) -> None: ...
