@@ -33,6 +33,145 @@ kvtier::ODirectMode o_direct_from_python(const py::object& value) {
                               py::repr(value).cast<std::string>());
 }
 
+// Python's spelling of an ODirectMode, as o_direct_from_python() reads it back.
+py::object o_direct_to_python(kvtier::ODirectMode mode) {
+  if (mode == kvtier::ODirectMode::kAuto) return py::str("auto");
+  return py::bool_(mode == kvtier::ODirectMode::kOn);
+}
+
+// A thread count in Python's spelling: None for "sized by the machine".
+py::object threads_to_python(unsigned n) {
+  if (n == kvtier::kMachineThreads) return py::none();
+  return py::int_(n);
+}
+
+// ENGINE_DEFAULTS: every keyword argument of Engine with its default, read from a
+// default-constructed EngineConfig (the one definition of the defaults). Engine's keyword
+// defaults below are taken from this dict, so the two cannot differ.
+py::dict engine_defaults() {
+  const kvtier::EngineConfig d;
+  py::dict out;
+  out["n_read_threads"] = threads_to_python(d.n_read_threads);
+  out["n_write_threads"] = threads_to_python(d.n_write_threads);
+  out["o_direct"] = o_direct_to_python(d.o_direct);
+  out["checksum"] = kvtier::to_string(d.checksum);
+  out["durability"] = kvtier::to_string(d.durability);
+  out["file_mode"] = static_cast<unsigned>(d.file_mode);
+  out["fingerprint"] = py::bytes(d.fingerprint);
+  out["max_stores_in_flight_while_loading"] = d.max_stores_in_flight_while_loading;
+  out["staging_bytes_total"] = d.staging_bytes_total;
+  out["staging_buffer_bytes"] = d.staging_buffer_bytes;
+  out["use_cuda"] = d.use_cuda;
+  out["cuda_device"] = d.cuda_device;
+  out["numa_bind"] = d.numa_bind;
+  out["worker_nice"] = d.worker_nice;
+  out["completion_eventfd"] = d.completion_eventfd;
+  out["io_engine"] = kvtier::to_string(d.io_engine);
+  out["load_nice"] = d.load_nice;
+  out["store_cap_linger_ms"] = d.store_cap_linger_ms;
+  return out;
+}
+
+// ENGINE_LIMITS: name -> (lo, hi) (hi None: unbounded) for each range the Engine constructor
+// checks, from the constants its checks use (kvtier::limits). Two rules are not ranges:
+// staging_buffer_bytes is a multiple of "staging_buffer_bytes_multiple", and file_mode
+// includes the bits "file_mode_required_bits". "n_threads_total" bounds n_read_threads +
+// n_write_threads; staging_bytes_total must also be at least staging_buffer_bytes.
+py::dict engine_limits() {
+  namespace lim = kvtier::limits;
+  const py::object unbounded = py::none();
+  py::dict out;
+  out["n_read_threads"] = py::make_tuple(0u, lim::kMaxThreads);
+  out["n_write_threads"] = py::make_tuple(0u, lim::kMaxThreads);
+  out["n_threads_total"] = py::make_tuple(lim::kMinThreadsTotal, 2 * lim::kMaxThreads);
+  out["worker_nice"] = py::make_tuple(lim::kMinNice, lim::kMaxNice);
+  out["load_nice"] = py::make_tuple(lim::kMinNice, lim::kMaxNice);
+  out["max_stores_in_flight_while_loading"] =
+      py::make_tuple(lim::kMinStoresInFlightWhileLoading, unbounded);
+  out["staging_buffer_bytes"] = py::make_tuple(lim::kStagingBufferMultiple, unbounded);
+  out["staging_buffer_bytes_multiple"] = lim::kStagingBufferMultiple;
+  out["staging_bytes_total"] = py::make_tuple(lim::kStagingBufferMultiple, unbounded);
+  out["file_mode"] = py::make_tuple(0u, static_cast<unsigned>(lim::kFileModeBits));
+  out["file_mode_required_bits"] = static_cast<unsigned>(lim::kFileModeRequiredBits);
+  out["fingerprint_length"] = py::make_tuple(std::size_t{0}, kvtier::kFingerprintSize);
+  return out;
+}
+
+// ---- errors ---------------------------------------------------------------------------------
+//
+// Each core error becomes what kvtier.errors._from_core(kind, errno, message, path, where)
+// returns (the package's typed exceptions). Where that module or function is missing (an
+// older or partial install) the error becomes the builtin Python raised before: an OSError
+// of the errno's subclass (FileNotFoundError, ...), ValueError or RuntimeError.
+
+// kvtier.errors._from_core, or None when it cannot be had.
+py::object core_error_factory() {
+  PyObject* module = PyImport_ImportModule("kvtier.errors");
+  if (module == nullptr) {
+    PyErr_Clear();
+    return py::none();
+  }
+  const py::object errors = py::reinterpret_steal<py::object>(module);
+  if (!py::hasattr(errors, "_from_core")) return py::none();
+  return errors.attr("_from_core");
+}
+
+void set_python_error(const py::object& exception) {
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exception.ptr())), exception.ptr());
+}
+
+// Raises (sets the Python error for) one core error. `fallback` is the builtin type used
+// without kvtier.errors; for PyExc_OSError it is built from errno, message and path, so that
+// Python picks the errno's subclass and sets .errno, .strerror and .filename.
+void raise_core_error(const char* kind, int errno_value, const char* message,
+                      const std::string& path, const std::string& where, PyObject* fallback) {
+  const py::object factory = core_error_factory();
+  if (!factory.is_none()) {
+    // An exception raised by the factory itself propagates (error_already_set).
+    const py::object made = factory(kind, errno_value, message, path, where);
+    if (!PyExceptionInstance_Check(made.ptr()))
+      throw py::type_error(std::string("kvtier.errors._from_core returned ") +
+                           Py_TYPE(made.ptr())->tp_name + ", not an exception");
+    set_python_error(made);
+    return;
+  }
+  if (fallback == PyExc_OSError) {
+    set_python_error(py::reinterpret_steal<py::object>(
+        PyObject_CallFunction(PyExc_OSError, "isO", errno_value, message, py::str(path).ptr())));
+    return;
+  }
+  PyErr_SetString(fallback, message);
+}
+
+void translate_core_error(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const py::error_already_set&) {
+    throw;  // a Python error already: pybind11 restores it
+  } catch (const py::builtin_exception&) {
+    throw;  // py::value_error and friends: pybind11 maps them (they are runtime_errors too)
+  } catch (const kvtier::IoUringRefusedError& e) {
+    raise_core_error("io_uring_refused", e.code().value(), e.what(), e.path(), e.where(),
+                     PyExc_OSError);
+  } catch (const kvtier::SystemError& e) {
+    raise_core_error("system", e.code().value(), e.what(), e.path(), e.where(), PyExc_OSError);
+  } catch (const kvtier::EngineShutDownError& e) {
+    raise_core_error("shut_down", 0, e.what(), "", "", PyExc_RuntimeError);
+  } catch (const kvtier::ForkedProcessError& e) {
+    raise_core_error("forked", 0, e.what(), "", "", PyExc_RuntimeError);
+  } catch (const std::invalid_argument& e) {
+    raise_core_error("invalid_argument", 0, e.what(), "", "", PyExc_ValueError);
+  } catch (const std::range_error&) {
+    throw;  // pybind11's ValueError, as before
+  } catch (const std::overflow_error&) {
+    throw;  // pybind11's OverflowError, as before
+  } catch (const std::runtime_error& e) {
+    raise_core_error("runtime", 0, e.what(), "", "", PyExc_RuntimeError);
+  }
+  // Anything else (std::bad_alloc: MemoryError, std::out_of_range: IndexError, ...) leaves
+  // this translator and gets pybind11's own translation.
+}
+
 // blocks: a sequence of (path, key, address, length) tuples; path is str or os.PathLike.
 std::vector<kvtier::BlockOp> blocks_from_python(const py::sequence& blocks) {
   std::vector<kvtier::BlockOp> ops;
@@ -231,18 +370,7 @@ py::dict stats_to_dict(const kvtier::EngineStats& s) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "kvtier native core: block files, worker pool, completion queue";
 
-  // errno failures become the matching OSError subclass (FileNotFoundError, ...) with
-  // .errno, .strerror and .filename set, exactly as Python's own I/O raises them.
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const kvtier::SystemError& e) {
-      const int code = e.code().value();
-      py::object error = py::reinterpret_steal<py::object>(
-          PyObject_CallFunction(PyExc_OSError, "isO", code, e.what(), py::str(e.path()).ptr()));
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
-    }
-  });
+  py::register_exception_translator(&translate_core_error);
 
   py::enum_<kvtier::Direction>(m, "Direction")
       .value("LOAD", kvtier::Direction::kLoad)
@@ -317,6 +445,13 @@ PYBIND11_MODULE(_core, m) {
           },
           "block"_a, "(address, length, is_device) of each segment of a block.");
 
+  const py::dict defaults = engine_defaults();
+  m.attr("ENGINE_DEFAULTS") = defaults;
+  m.attr("ENGINE_LIMITS") = engine_limits();
+  const auto default_of = [&defaults](const char* name) {
+    return py::arg_v(name, py::object(defaults[name]));
+  };
+
   py::class_<PyEngine>(m, "Engine", "Worker pool that stores and loads block files.")
       .def(py::init([](const std::string& root_dir, std::optional<unsigned> n_read_threads,
                        std::optional<unsigned> n_write_threads, const py::object& o_direct,
@@ -350,16 +485,13 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;  // the O_DIRECT probe does I/O
              return std::make_unique<PyEngine>(std::move(c));
            }),
-           "root_dir"_a = "", py::kw_only(), "n_read_threads"_a = py::none(),
-           "n_write_threads"_a = py::none(),
-           "o_direct"_a = "auto", "checksum"_a = "crc32c", "durability"_a = "none",
-           "file_mode"_a = 0600, "fingerprint"_a = py::bytes(),
-           "max_stores_in_flight_while_loading"_a = 2,
-           "staging_bytes_total"_a = std::size_t{64} << 20,
-           "staging_buffer_bytes"_a = std::size_t{2} << 20, "use_cuda"_a = false,
-           "cuda_device"_a = -1, "numa_bind"_a = false, "worker_nice"_a = 19,
-           "completion_eventfd"_a = false, "io_engine"_a = "auto", "load_nice"_a = 0,
-           "store_cap_linger_ms"_a = 100)
+           "root_dir"_a = "", py::kw_only(), default_of("n_read_threads"),
+           default_of("n_write_threads"), default_of("o_direct"), default_of("checksum"),
+           default_of("durability"), default_of("file_mode"), default_of("fingerprint"),
+           default_of("max_stores_in_flight_while_loading"), default_of("staging_bytes_total"),
+           default_of("staging_buffer_bytes"), default_of("use_cuda"), default_of("cuda_device"),
+           default_of("numa_bind"), default_of("worker_nice"), default_of("completion_eventfd"),
+           default_of("io_engine"), default_of("load_nice"), default_of("store_cap_linger_ms"))
       .def("keep_alive", &PyEngine::keep_alive, "buffers"_a,
            "Holds `buffers` (objects owning memory that block addresses point into) until the "
            "workers have stopped, whenever and however the engine goes; call it before "
@@ -440,10 +572,8 @@ PYBIND11_MODULE(_core, m) {
       "buffer"_a, "writable"_a = false,
       "Address of a contiguous buffer's first byte (the buffer must outlive its use).");
 
-  main_thread_ident = py::module_::import("threading")
-                          .attr("main_thread")()
-                          .attr("ident")
-                          .cast<unsigned long>();
+  main_thread_ident =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   py::module_::import("atexit").attr("register")(py::cpp_function(&shutdown_all_engines));
 
   m.attr("HEADER_SIZE") = kvtier::kHeaderSize;
@@ -473,7 +603,7 @@ PYBIND11_MODULE(_core, m) {
       "lock_tmp_file",
       [](int fd) {
         const int e = kvtier::lock_tmp_file(fd);
-        if (e == EAGAIN) throw kvtier::SystemError(e, "tmp file is locked by another process", "");
+        if (e == EAGAIN) throw KVTIER_SYSTEM_ERROR(e, "tmp file is locked by another process", "");
         return e == 0;
       },
       "fd"_a,
@@ -483,10 +613,14 @@ PYBIND11_MODULE(_core, m) {
       "tmp_file_writer",
       [](const std::string& path) {
         switch (kvtier::tmp_file_writer(path)) {
-          case kvtier::TmpWriter::kAlive: return "alive";
-          case kvtier::TmpWriter::kGone: return "gone";
-          case kvtier::TmpWriter::kMissing: return "missing";
-          default: return "unknown";
+          case kvtier::TmpWriter::kAlive:
+            return "alive";
+          case kvtier::TmpWriter::kGone:
+            return "gone";
+          case kvtier::TmpWriter::kMissing:
+            return "missing";
+          default:
+            return "unknown";
         }
       },
       "path"_a, py::call_guard<py::gil_scoped_release>(),

@@ -25,8 +25,7 @@ std::atomic<bool> g_openat2{true};
 
 // Called through syscall(): glibc before 2.41 has no wrapper, and this way one code path
 // serves every C library.
-int openat2_beneath(int root, const std::string& relative, std::uint64_t flags,
-                    int& fd) noexcept {
+int openat2_beneath(int root, const std::string& relative, std::uint64_t flags, int& fd) noexcept {
   open_how how{};
   how.flags = flags;
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
@@ -66,14 +65,22 @@ void set_openat2_enabled(bool enabled) noexcept {
 
 const char* file_kind(mode_t mode) noexcept {
   switch (mode & S_IFMT) {
-    case S_IFREG: return "a regular file";
-    case S_IFDIR: return "a directory";
-    case S_IFLNK: return "a symbolic link";
-    case S_IFIFO: return "a FIFO";
-    case S_IFSOCK: return "a socket";
-    case S_IFCHR: return "a character device";
-    case S_IFBLK: return "a block device";
-    default: return "not a regular file";
+    case S_IFREG:
+      return "a regular file";
+    case S_IFDIR:
+      return "a directory";
+    case S_IFLNK:
+      return "a symbolic link";
+    case S_IFIFO:
+      return "a FIFO";
+    case S_IFSOCK:
+      return "a socket";
+    case S_IFCHR:
+      return "a character device";
+    case S_IFBLK:
+      return "a block device";
+    default:
+      return "not a regular file";
   }
 }
 
@@ -87,10 +94,13 @@ RootDir::RootDir(const std::string& path, bool create, mode_t directory_mode) : 
   while (path_.size() > 1 && path_.back() == '/') path_.pop_back();
   if (create) {
     if (int e = make_directories(path_, directory_mode))
-      throw SystemError(e, "cannot create root directory", path_);
+      throw KVTIER_SYSTEM_ERROR(e, "cannot create root directory", path_);
   }
   fd_ = FileDescriptor(::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd_) throw SystemError(errno, "cannot open root directory", path_);
+  if (!fd_) {
+    const int e = errno;  // read before the error's strings are made
+    throw KVTIER_SYSTEM_ERROR(e, "cannot open root directory", path_);
+  }
 }
 
 int RootDir::split(const std::string& path, std::string& directory, std::string& name) const {
@@ -208,8 +218,8 @@ std::vector<bool> regular_files_exist(const std::string& root_dir,
     if (root.split(paths[i], directory, name) != 0) continue;
     detail::FileDescriptor dir;
     if (root.open_directory(directory, /*create=*/false, 0, dir)) continue;
-    exist[i] = ::fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-               S_ISREG(st.st_mode);
+    exist[i] =
+        ::fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
   }
   return exist;
 }

@@ -139,30 +139,36 @@ EngineConfig validated(EngineConfig config) {
   if (config.n_read_threads == kMachineThreads || config.n_write_threads == kMachineThreads) {
     const ThreadCounts machine = machine_thread_counts(config.root_dir);
     if (config.n_read_threads == kMachineThreads) config.n_read_threads = machine.n_read_threads;
-    if (config.n_write_threads == kMachineThreads)
-      config.n_write_threads = machine.n_write_threads;
+    if (config.n_write_threads == kMachineThreads) config.n_write_threads = machine.n_write_threads;
   }
   const EngineConfig& c = config;
-  if (c.n_read_threads + c.n_write_threads == 0)
-    throw std::invalid_argument("n_read_threads + n_write_threads must be at least 1");
-  if (c.n_read_threads > 1024 || c.n_write_threads > 1024)
-    throw std::invalid_argument("n_read_threads and n_write_threads must be at most 1024");
+  if (c.n_read_threads + c.n_write_threads < limits::kMinThreadsTotal)
+    throw std::invalid_argument("n_read_threads + n_write_threads must be at least " +
+                                std::to_string(limits::kMinThreadsTotal));
+  if (c.n_read_threads > limits::kMaxThreads || c.n_write_threads > limits::kMaxThreads)
+    throw std::invalid_argument("n_read_threads and n_write_threads must be at most " +
+                                std::to_string(limits::kMaxThreads));
   if (c.fingerprint.size() > kFingerprintSize)
     throw std::invalid_argument("fingerprint must be at most " + std::to_string(kFingerprintSize) +
                                 " bytes");
-  if (c.staging_buffer_bytes < kAlignment || c.staging_buffer_bytes % kAlignment != 0)
-    throw std::invalid_argument("staging_buffer_bytes must be a positive multiple of 4096");
+  if (c.staging_buffer_bytes < limits::kStagingBufferMultiple ||
+      c.staging_buffer_bytes % limits::kStagingBufferMultiple != 0)
+    throw std::invalid_argument("staging_buffer_bytes must be a positive multiple of " +
+                                std::to_string(limits::kStagingBufferMultiple));
   if (c.staging_bytes_total < c.staging_buffer_bytes)
     throw std::invalid_argument("staging_bytes_total must hold at least one staging buffer");
-  if (c.worker_nice < 0 || c.worker_nice > 19)
-    throw std::invalid_argument("worker_nice must be in [0, 19]");
-  if (c.load_nice < 0 || c.load_nice > 19)
-    throw std::invalid_argument("load_nice must be in [0, 19]");
-  if (c.max_stores_in_flight_while_loading == 0)
-    throw std::invalid_argument("max_stores_in_flight_while_loading must be at least 1");
-  if ((c.file_mode & ~mode_t{07777}) != 0)
+  const std::string nice_range = " must be in [" + std::to_string(limits::kMinNice) + ", " +
+                                 std::to_string(limits::kMaxNice) + "]";
+  if (c.worker_nice < limits::kMinNice || c.worker_nice > limits::kMaxNice)
+    throw std::invalid_argument("worker_nice" + nice_range);
+  if (c.load_nice < limits::kMinNice || c.load_nice > limits::kMaxNice)
+    throw std::invalid_argument("load_nice" + nice_range);
+  if (c.max_stores_in_flight_while_loading < limits::kMinStoresInFlightWhileLoading)
+    throw std::invalid_argument("max_stores_in_flight_while_loading must be at least " +
+                                std::to_string(limits::kMinStoresInFlightWhileLoading));
+  if ((c.file_mode & ~limits::kFileModeBits) != 0)
     throw std::invalid_argument("file_mode must be permission bits (0 to 0o7777)");
-  if ((c.file_mode & 0600) != 0600)
+  if ((c.file_mode & limits::kFileModeRequiredBits) != limits::kFileModeRequiredBits)
     throw std::invalid_argument("file_mode must let the owner read and write (include 0o600)");
   return config;
 }
@@ -227,7 +233,7 @@ struct Engine::Impl {
   bool inherited() const noexcept { return detail::current_pid() != owner; }
 
   [[noreturn]] void refuse_inherited() const {
-    throw std::runtime_error("kvtier engine was created in process " + std::to_string(owner) +
+    throw ForkedProcessError("kvtier engine was created in process " + std::to_string(owner) +
                              " and cannot be used in a process forked from it (pid " +
                              std::to_string(detail::current_pid()) +
                              "): its worker threads do not exist here; create a new engine "
@@ -265,7 +271,7 @@ struct Engine::Impl {
   // such a path parks until the count drops to zero.
   std::unordered_map<std::string, PendingPath> pending_paths;
   std::size_t running_loads = 0, running_stores = 0;
-  unsigned store_cap_while_loading = 0;     // max_stores_in_flight_while_loading, adjusted
+  unsigned store_cap_while_loading = 0;  // max_stores_in_flight_while_loading, adjusted
   // Until then the store cap holds although no load waits or runs (store_cap_linger_ms after
   // the last load finished): an engine issuing one load at a time gets each next load in
   // front of a short device queue, not behind every worker's store.
@@ -583,7 +589,7 @@ Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std
   if (c.o_direct != ODirectMode::kOff) {
     s.fallback_reason = probe_o_direct(c.root_dir);
     if (!s.fallback_reason.empty() && c.o_direct == ODirectMode::kOn)
-      throw SystemError(EINVAL, "o_direct=true but " + s.fallback_reason, c.root_dir);
+      throw KVTIER_SYSTEM_ERROR(EINVAL, "o_direct=true but " + s.fallback_reason, c.root_dir);
     s.direct = s.fallback_reason.empty();
   }
   if (c.io_engine != IoEngine::kPsync) {
@@ -592,7 +598,8 @@ Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std
     std::string reason;
     if (const int e = detail::probe_io_uring(reason)) {
       if (c.io_engine == IoEngine::kIoUring)
-        throw SystemError(e, "io_engine='io_uring' but " + reason, c.root_dir);
+        throw KVTIER_ERROR_AT(IoUringRefusedError, e, "io_engine='io_uring' but " + reason,
+                              c.root_dir);
       s.io_engine_fallback_reason = std::move(reason);
     } else {
       s.io_engine = IoEngine::kIoUring;
@@ -614,7 +621,10 @@ Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(validated(std
   }
   if (c.completion_eventfd) {
     s.event_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (s.event_fd < 0) throw SystemError(errno, "eventfd failed", "");
+    if (s.event_fd < 0) {
+      const int e = errno;  // read before the error's strings are made
+      throw KVTIER_SYSTEM_ERROR(e, "eventfd failed", "");
+    }
   }
 
   s.io.config = &s.config;
@@ -717,7 +727,7 @@ void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> bloc
     // All or nothing: each step that can throw (bad_alloc) is undone before the exception
     // leaves, and the job becomes visible to workers and drain() only once nothing can fail.
     std::lock_guard lock(s.mutex);
-    if (s.stopping) throw std::runtime_error("kvtier engine is shut down; submit refused");
+    if (s.stopping) throw EngineShutDownError("kvtier engine is shut down; submit refused");
     if (!s.ids_in_flight.insert(job_id).second)
       throw std::invalid_argument("job id " + std::to_string(job_id) +
                                   " is already in flight (ids are reusable once popped)");

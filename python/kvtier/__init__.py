@@ -9,6 +9,17 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from kvtier import _core
+from kvtier.errors import (
+    ConfigurationError,
+    CoreError,
+    ForkedProcessError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    IoUringRefusedError,
+    KvtierError,
+    ShutDownError,
+    StorageError,
+)
 
 try:
     __version__ = version("kvtier")
@@ -33,4 +44,17 @@ def include_dir() -> str:
     return str(_native_root() / "include")
 
 
-__all__ = ["__version__", "cmake_dir", "include_dir"]
+__all__ = [
+    "ConfigurationError",
+    "CoreError",
+    "ForkedProcessError",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "IoUringRefusedError",
+    "KvtierError",
+    "ShutDownError",
+    "StorageError",
+    "__version__",
+    "cmake_dir",
+    "include_dir",
+]

@@ -3,10 +3,10 @@
 A child forked from a process that uses kvtier inherits its tiers but none of their threads
 (the native workers, the lookup and capacity threads), and a lock that another thread held
 at the fork stays locked in the child for ever. So an object made by another process
-refuses to work in this one (``RuntimeError``) and its teardown does nothing (its threads,
-budget lease and files belong to the parent, which goes on using them), and module-level
-state (locks, per-process registries) is reset in the child through
-:func:`after_fork_in_child`. A child that needs a tier creates its own.
+refuses to work in this one (:class:`~kvtier.errors.ForkedProcessError`, a ``RuntimeError``)
+and its teardown does nothing (its threads, budget lease and files belong to the parent,
+which goes on using them), and module-level state (locks, per-process registries) is reset
+in the child through :func:`after_fork_in_child`. A child that needs a tier creates its own.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
+
+from kvtier.errors import ForkedProcessError
 
 _pid = os.getpid()
 _child_hooks: list[Callable[[], None]] = []
@@ -49,9 +51,9 @@ def after_fork_in_child(hook: Callable[[], None]) -> Callable[[], None]:
     return hook
 
 
-def refuse_inherited(what: str, owner_pid: int) -> None:
+def refuse_inherited(what: str, owner_pid: int) -> NoReturn:
     """Raise the error for using ``what``, made by ``owner_pid``, in a forked child."""
-    raise RuntimeError(
+    raise ForkedProcessError(
         f"{what} was created in process {owner_pid} and cannot be used in a process forked "
         f"from it (pid {_pid}): its threads do not exist here; create a new one in this "
         "process, or start child processes with the 'spawn' or 'forkserver' method"

@@ -102,10 +102,13 @@ def _max_bytes(text: str) -> int:
 def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The `kvtier` parser and each sub-command's; a sub-command is one ``_add_*`` function
     that sets ``run`` (its handler) as a default."""
+    from kvtier import __version__
+
     parser = _Parser(
         prog="kvtier",
         description="kvtier: storage tiers for LLM KV-cache blocks.",
     )
+    parser.add_argument("--version", action="version", version=f"kvtier {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     sub.required = True
     commands = {

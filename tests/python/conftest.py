@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -92,6 +94,40 @@ def io_uring_refused(tmp_path_factory: pytest.TempPathFactory) -> str:
     from kvtier.tiering.fs.engine import io_uring_refusal
 
     return io_uring_refusal(tmp_path_factory.mktemp("io-uring-probe"))
+
+
+# A seccomp filter that answers io_uring_setup (425 on every Linux architecture) with `code`,
+# as container runtimes' default profiles do; every other system call is allowed.
+_SECCOMP_IO_URING = textwrap.dedent(
+    """
+    import ctypes
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte),
+                    ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+    insns = (Insn * 4)(
+        Insn(0x20, 0, 0, 0),                   # ld [nr]
+        Insn(0x15, 0, 1, 425),                 # jeq io_uring_setup, errno, allow
+        Insn(0x06, 0, 0, 0x00050000 | {code}), # ret SECCOMP_RET_ERRNO | code
+        Insn(0x06, 0, 0, 0x7FFF0000),          # ret SECCOMP_RET_ALLOW
+    )
+    prog = Prog(4, insns)
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(38, 1, 0, 0, 0) == 0                     # PR_SET_NO_NEW_PRIVS
+    assert libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0    # PR_SET_SECCOMP, FILTER
+    """
+)
+
+
+@pytest.fixture
+def seccomp_io_uring() -> Callable[[int], str]:
+    """``prelude(code)``: Python source that, run first in a child process, makes the kernel
+    refuse io_uring to it with errno ``code`` (a seccomp filter, as a container's profile
+    does). Skips where seccomp does not exist."""
+    if sys.platform != "linux":
+        pytest.skip("seccomp is Linux only")
+    return lambda code: _SECCOMP_IO_URING.format(code=code)
 
 
 @pytest.fixture(params=IO_ENGINES)

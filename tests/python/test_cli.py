@@ -753,6 +753,18 @@ def test_info_reports_version_build_cuda_and_o_direct(tmp_path: Path) -> None:
     assert uring[0].endswith(f"not usable, 'auto' uses psync: {refusal}" if refusal else "usable")
 
 
+def test_version_prints_the_installed_packages_version() -> None:
+    from importlib.metadata import version
+
+    proc = run(kvtier_cmd("--version"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"kvtier {version('kvtier')}\n"
+    # The installed console script says the same.
+    script = shutil.which("kvtier", path=os.path.dirname(sys.executable))
+    if script is not None:
+        assert run([script, "--version"]).stdout == proc.stdout
+
+
 def test_info_of_a_missing_directory_is_a_one_line_error(tmp_path: Path) -> None:
     proc = run(kvtier_cmd("info", tmp_path / "missing"))
     assert proc.returncode == 2
@@ -907,7 +919,10 @@ def test_progress_eta_counts_down_from_the_finished_steps() -> None:
     progress = Progress([1.0, 1.0, 2.0], enabled=False)
     assert progress.eta() is None  # nothing finished: nothing to estimate from
     progress.step("one")
-    time.sleep(0.01)  # the finished step took some time: the estimate has a rate
+    # The finished step must have taken some time, or the estimate has no rate: wait until
+    # the clock Progress reads (time.monotonic) has moved past the step's start.
+    started = time.monotonic()
+    wait_until(lambda: time.monotonic() > started, "the monotonic clock to advance")
     progress.advance()
     now = time.monotonic()
     eta = progress.eta(now)

@@ -239,7 +239,7 @@ def test_use_cuda_without_a_usable_runtime_is_a_clear_error(case, fake_cudart, t
     assert reason in facts["reason"]
     assert str(lib) in facts["reason"]  # which library was tried
     assert facts["error"] is not None
-    assert facts["error"].startswith("RuntimeError: use_cuda is set but CUDA is unavailable")
+    assert facts["error"].startswith("CoreError: use_cuda is set but CUDA is unavailable")
     assert reason in facts["error"]
     assert facts["host_enabled"] is False
 
@@ -268,7 +268,7 @@ def test_cuda_device_out_of_range_is_rejected(fake_cudart, tmp_path):
     )
     for device in ("2", "5"):
         assert facts["errors"][device] is not None
-        assert facts["errors"][device].startswith("ValueError: cuda_device")
+        assert facts["errors"][device].startswith("InvalidArgumentError: cuda_device")
         assert "does not exist" in facts["errors"][device]
     assert facts["enabled"] is True
     assert facts["store"]["success"], facts["store"]["error"]
@@ -743,7 +743,7 @@ def test_event_errors_at_submit_raise(function, fake_cudart, tmp_path):
     """,
     )
     assert facts["error"] is not None
-    assert facts["error"].startswith("RuntimeError: cannot record the submitting stream's event")
+    assert facts["error"].startswith("CoreError: cannot record the submitting stream's event")
     assert "cudaErrorMemoryAllocation" in facts["error"]
     assert facts["leaked"] == 0
     assert facts["retry"]["success"], facts["retry"]["error"]

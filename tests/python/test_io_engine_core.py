@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -164,35 +165,11 @@ def test_sysctl_io_uring_disabled_falls_back_and_io_uring_raises(tmp_path: Path)
     assert "io_uring_disabled" in result["auto"][1]
 
 
-# A seccomp filter that answers io_uring_setup (425 on every Linux architecture) with `code`,
-# as container runtimes' default profiles do; every other system call is allowed.
-_SECCOMP = textwrap.dedent(
-    """
-    import ctypes
-    class Insn(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte),
-                    ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
-    insns = (Insn * 4)(
-        Insn(0x20, 0, 0, 0),                   # ld [nr]
-        Insn(0x15, 0, 1, 425),                 # jeq io_uring_setup, errno, allow
-        Insn(0x06, 0, 0, 0x00050000 | {code}), # ret SECCOMP_RET_ERRNO | code
-        Insn(0x06, 0, 0, 0x7FFF0000),          # ret SECCOMP_RET_ALLOW
-    )
-    prog = Prog(4, insns)
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(38, 1, 0, 0, 0) == 0                     # PR_SET_NO_NEW_PRIVS
-    assert libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0    # PR_SET_SECCOMP, FILTER
-    """
-)
-
-
 @pytest.mark.parametrize("code", [errno.EPERM, errno.ENOSYS])
-def test_seccomp_refusal_falls_back_and_io_uring_raises(tmp_path: Path, code: int) -> None:
-    if sys.platform != "linux":
-        pytest.skip("seccomp is Linux only")
-    result = _run_child(tmp_path, _SECCOMP.format(code=code))
+def test_seccomp_refusal_falls_back_and_io_uring_raises(
+    tmp_path: Path, code: int, seccomp_io_uring: Callable[[int], str]
+) -> None:
+    result = _run_child(tmp_path, seccomp_io_uring(code))
     _check_refused(result, code)
 
 

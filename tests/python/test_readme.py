@@ -27,8 +27,15 @@ def test_fs_tier_example_runs(tmp_path, monkeypatch):
     example = next(b for b in blocks if "create_secondary_tier" in b)
     assert "/mnt/nvme/kvcache" in example
     monkeypatch.chdir(tmp_path)
-    exec(compile(example.replace("/mnt/nvme/kvcache", str(tmp_path / "kv")), "README", "exec"), {})
+    scope: dict = {}
+    code = compile(example.replace("/mnt/nvme/kvcache", str(tmp_path / "kv")), "README", "exec")
+    exec(code, scope)
     assert list((tmp_path / "kv").rglob("*.kvb")), "the example stored no block file"
+    # Its equality check proves the load: the block holds distinct values, not a constant
+    # that every slot shares anyway.
+    block = scope["primary"][42]
+    assert len(set(block.reshape(-1).tolist())) > 100
+    assert not (scope["primary"][41] == block).all()
 
 
 def test_gpu_example_runs(tmp_path, monkeypatch):

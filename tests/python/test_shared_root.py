@@ -75,7 +75,8 @@ TIER_CHILD = textwrap.dedent(
         )
     except Exception as e:
         out["error"] = {"type": type(e).__name__, "errno": getattr(e, "errno", None),
-                        "message": str(e), "filename": getattr(e, "filename", None)}
+                        "message": str(e), "filename": getattr(e, "filename", None),
+                        "classes": [c.__name__ for c in type(e).__mro__]}
         print(json.dumps(out))
         sys.exit(0)
     key = lambda i: make_offload_key(i.to_bytes(32, "big"), 0)
@@ -335,7 +336,8 @@ def test_another_users_namespace_is_refused(shared_root: Path, file_mode: int) -
         victim = run_tier(shared_root, [("load", [1])], {"file_mode": file_mode}, user=users["a"])
         error = victim["error"]
         assert error is not None, "a namespace owned by another user was adopted"
-        assert error["type"] == "PermissionError" and error["errno"] == errno.EPERM
+        assert error["type"] == "StorageError" and error["errno"] == errno.EPERM
+        assert "PermissionError" in error["classes"]  # caught as before
         assert users["c"] in error["message"] and "file_mode" in error["message"]
         assert error["filename"] == mapper(shared_root).namespace_dir
 

@@ -5,9 +5,31 @@
 #include <cstdint>
 #include <string>
 
+#include <kvtier/format.hpp>
 #include <kvtier/thread_defaults.hpp>
 
 namespace kvtier {
+
+/// The ranges of EngineConfig fields the Engine constructor accepts (it throws
+/// std::invalid_argument outside them). The one definition: the constructor's checks use these
+/// constants, and Python reads them through kvtier._core.ENGINE_LIMITS.
+namespace limits {
+/// n_read_threads and n_write_threads, each (after kMachineThreads is resolved).
+inline constexpr unsigned kMaxThreads = 1024;
+/// n_read_threads + n_write_threads: at least one worker.
+inline constexpr unsigned kMinThreadsTotal = 1;
+/// worker_nice and load_nice.
+inline constexpr int kMinNice = 0;
+inline constexpr int kMaxNice = 19;
+/// max_stores_in_flight_while_loading.
+inline constexpr unsigned kMinStoresInFlightWhileLoading = 1;
+/// staging_buffer_bytes is a positive multiple of this; staging_bytes_total holds at least one
+/// staging buffer.
+inline constexpr std::size_t kStagingBufferMultiple = kAlignment;
+/// file_mode holds permission bits only, and always these (the owner reads and writes).
+inline constexpr mode_t kFileModeBits = 07777;
+inline constexpr mode_t kFileModeRequiredBits = 0600;
+}  // namespace limits
 
 /// Whether block files are opened with O_DIRECT.
 enum class ODirectMode {

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvtier.errors import InvalidArgumentError
+
 
 @dataclass(frozen=True)
 class TensorRuns:
@@ -31,23 +33,24 @@ class TensorRuns:
 
 
 def tensor_runs(tensor: Any, block_dim: int, index: int) -> TensorRuns:
-    """Describe ``tensor`` (a torch.Tensor) as per-block runs; raises ValueError if it cannot be."""
+    """Describe ``tensor`` (a torch.Tensor) as per-block runs; raises InvalidArgumentError
+    (a ValueError) if it cannot be."""
     where = f"kv_caches[{index}]"
     ndim = tensor.dim()
     if ndim == 0:
-        raise ValueError(f"{where} is a scalar; it needs a dimension that indexes blocks")
+        raise InvalidArgumentError(f"{where} is a scalar; it needs a dimension that indexes blocks")
     if not -ndim <= block_dim < ndim:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"block_dim {block_dim} is out of range for {where} of shape {tuple(tensor.shape)}"
         )
     block_dim %= ndim
     shape = list(tensor.shape)
     strides = list(tensor.stride())
     if any(s < 0 for s in strides):
-        raise ValueError(f"{where} has negative strides; make it contiguous first")
+        raise InvalidArgumentError(f"{where} has negative strides; make it contiguous first")
     if any(s == 0 and n > 1 for n, s in zip(shape, strides)):
         # An expanded tensor: a load would write several blocks (or bytes) into one place.
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{where} has a dimension of stride 0 (shape {tuple(tensor.shape)}, strides "
             f"{tuple(tensor.stride())}): its elements share memory; make it contiguous first"
         )
@@ -55,7 +58,7 @@ def tensor_runs(tensor: Any, block_dim: int, index: int) -> TensorRuns:
     num_blocks = shape.pop(block_dim)
     block_stride = strides.pop(block_dim) * itemsize
     if num_blocks == 0 or math.prod(shape) == 0:
-        raise ValueError(f"{where} of shape {tuple(tensor.shape)} holds no block bytes")
+        raise InvalidArgumentError(f"{where} of shape {tuple(tensor.shape)} holds no block bytes")
 
     # Fold the contiguous innermost dimensions into one run; dimensions of size 1 never break
     # contiguity whatever their stride.
@@ -64,7 +67,7 @@ def tensor_runs(tensor: Any, block_dim: int, index: int) -> TensorRuns:
         run_elems *= shape[k - 1]
         k -= 1
     if k == len(shape) and shape:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{where}: the innermost dimension of a block slice is not contiguous "
             f"(shape {tuple(tensor.shape)}, strides {tuple(tensor.stride())}, "
             f"block_dim {block_dim}); make the tensor contiguous or choose another block_dim"
@@ -87,11 +90,11 @@ def tensor_runs(tensor: Any, block_dim: int, index: int) -> TensorRuns:
 def describe_kv_caches(kv_caches: Sequence[Any], block_dim: int) -> list[TensorRuns]:
     """Runs of every tensor; all must hold the same number of blocks."""
     if len(kv_caches) == 0:
-        raise ValueError("kv_caches is empty: pass the list of per-layer KV tensors")
+        raise InvalidArgumentError("kv_caches is empty: pass the list of per-layer KV tensors")
     described = [tensor_runs(t, block_dim, i) for i, t in enumerate(kv_caches)]
     counts = {d.num_blocks for d in described}
     if len(counts) != 1:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"kv_caches disagree on the number of blocks along block_dim: {sorted(counts)}"
         )
     return described

@@ -11,11 +11,12 @@ import logging
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from kvtier import _core
 from kvtier._fork import inherited, owner_process_only, this_process
 from kvtier._rate_limited_log import RateLimitedLog
+from kvtier.errors import CoreError, InvalidArgumentError, ShutDownError
 from kvtier.gpu.layout import describe_kv_caches
 from kvtier.gpu.options import GPUTransferOptions
 from kvtier.gpu.writable import read_only_tensor
@@ -62,11 +63,13 @@ class GPUStorageTransfer(EngineIoReport):
         described = describe_kv_caches(self.kv_caches, block_dim)
         devices = {str(t.device) for t in self.kv_caches}
         if len(devices) != 1:
-            raise ValueError(f"kv_caches must all live on one device, got {sorted(devices)}")
+            raise InvalidArgumentError(
+                f"kv_caches must all live on one device, got {sorted(devices)}"
+            )
         self._on_gpu = described[0].is_device
         self.device = self.kv_caches[0].device
         if self._on_gpu and not cuda_available():
-            raise RuntimeError(
+            raise CoreError(
                 "kv_caches are CUDA tensors but kvtier found no usable CUDA runtime: "
                 + _core.cuda_unavailable_reason()
             )
@@ -118,17 +121,17 @@ class GPUStorageTransfer(EngineIoReport):
         """Read ``keys`` into blocks ``block_ids``; returns at once. On a GPU, the copies start
         after the work already queued on the caller's current CUDA stream (kernels still
         reading the old contents of those blocks). A block is usable once its job is reported
-        by get_finished() (the copies have completed by then). Raises ValueError when the
-        tensors lie in read-only memory."""
+        by get_finished() (the copies have completed by then). Raises InvalidArgumentError (a
+        ValueError) when the tensors lie in read-only memory."""
         if self._read_only is not None:
-            raise ValueError(f"GPUStorageTransfer cannot load: {self._read_only}")
+            raise InvalidArgumentError(f"GPUStorageTransfer cannot load: {self._read_only}")
         self._submit(job_id, block_ids, keys, _core.Direction.LOAD)
 
     def _submit(
         self, job_id: JobId, block_ids: Sequence[int], keys: Sequence[OffloadKey], direction: Any
     ) -> None:
         job_id = check_job_id(job_id)
-        keys = check_keys(job_id, keys)
+        keys = cast("tuple[OffloadKey, ...]", check_keys(job_id, keys))
         ids = check_block_ids(job_id, block_ids, len(keys), self.num_blocks)
         paths = [self.file_mapper.get_file_name(k) for k in keys]
         stream = 0
@@ -140,7 +143,7 @@ class GPUStorageTransfer(EngineIoReport):
         with self._lock:
             # Entries leave _keys only when get_finished() hands the result out.
             if job_id in self._keys:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"Job {job_id} is already in flight (or finished and not yet returned by "
                     "get_finished()); job ids must be unique until reported"
                 )
@@ -161,13 +164,17 @@ class GPUStorageTransfer(EngineIoReport):
             self._engine.submit_blocks(
                 job_id, direction, paths, list(keys), ids, self.layout, stream
             )
-        except BaseException:
+        except BaseException as e:
             with self._lock:
                 del self._keys[job_id]
                 admitted = job_id in self._admitted
                 self._admitted.discard(job_id)
             if admitted:
                 self._capacity.finish_store(len(keys), 0)
+            if isinstance(e, ShutDownError):
+                raise ShutDownError(
+                    "GPUStorageTransfer is shut down; store/load refused (create a new one)"
+                ) from e
             raise
 
     @owner_process_only

@@ -44,6 +44,7 @@ from typing import Any
 
 from kvtier import _core
 from kvtier._rate_limited_log import RateLimitedLog
+from kvtier.errors import InvalidArgumentError, ShutDownError, StorageError
 from kvtier.integrations._engine_version import EngineRequirement
 from kvtier.tiering.fs.engine import open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper, host_label
@@ -193,13 +194,13 @@ class _PoolLayout:
         runs = _contiguous_runs(first)
         page_bytes = sum(length for _, length in runs)
         if page_bytes != first.numel() * first.element_size():
-            raise ValueError(f"host pool {type(pool).__name__}: pages overlap themselves")
+            raise InvalidArgumentError(f"host pool {type(pool).__name__}: pages overlap themselves")
         stride = 0
         if num_pages > 1:
             stride = pool.get_data_page(page_size, flat=False).data_ptr() - first.data_ptr()
             last = pool.get_data_page((num_pages - 1) * page_size, flat=False).data_ptr()
             if stride <= 0 or last != first.data_ptr() + (num_pages - 1) * stride:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"host pool {type(pool).__name__} ({pool.layout}): pages are not evenly "
                     "spaced; kvtier cannot address them"
                 )
@@ -257,7 +258,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         try:
             os.makedirs(self.options.root_dir, exist_ok=True)
         except OSError as e:
-            raise OSError(
+            raise StorageError(
                 e.errno, f"cannot create kvtier root_dir ({e.strerror})", e.filename
             ) from e
         self.is_writer = bool(storage_config.is_storage_writer)
@@ -285,7 +286,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if self._engine is not None:
             raise RuntimeError("KvtierHiCacheStorage: a host pool is already registered")
         if str(getattr(mem_pool_host, "device", "cpu")) != "cpu":
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"KvtierHiCacheStorage needs a host (CPU) pool, got device {mem_pool_host.device!r}"
             )
         pool_layout = _PoolLayout.of(mem_pool_host)
@@ -312,7 +313,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     def _ready(self) -> tuple[_core.Engine, FileMapper, _PoolLayout]:
         if self._closed:
-            raise RuntimeError("KvtierHiCacheStorage is closed")
+            raise ShutDownError("KvtierHiCacheStorage is closed")
         if self._engine is None or self.file_mapper is None or self._pool_layout is None:
             raise RuntimeError(
                 "KvtierHiCacheStorage: register_mem_pool_host() must be called before I/O"
@@ -351,7 +352,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         page = pool_layout.page_size
         firsts = host_indices[::page][: len(keys)].tolist()
         if len(firsts) != len(keys):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{len(keys)} keys need {len(keys) * page} host indices, got {host_indices.numel()}"
             )
         return [i // page if i % page == 0 else None for i in firsts]
@@ -373,7 +374,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 direction,
                 [paths[i] for i in picked],
                 [raw[i] for i in picked],
-                [pages[i] for i in picked],
+                [p for p in pages if p is not None],  # the pages of `picked`, in order
                 pool_layout.layout,
             )
 
@@ -445,10 +446,14 @@ class KvtierHiCacheStorage(HiCacheStorage):
     ) -> list[torch.Tensor | None]:
         """Read each key into its (contiguous CPU) target tensor; None where it missed."""
         if target_locations is None or len(target_locations) != len(keys):
-            raise ValueError("KvtierHiCacheStorage.batch_get needs one target tensor per key")
+            raise InvalidArgumentError(
+                "KvtierHiCacheStorage.batch_get needs one target tensor per key"
+            )
         for t in target_locations:
             if t.device.type != "cpu" or not t.is_contiguous():
-                raise ValueError("KvtierHiCacheStorage.batch_get needs contiguous CPU tensors")
+                raise InvalidArgumentError(
+                    "KvtierHiCacheStorage.batch_get needs contiguous CPU tensors"
+                )
         if not keys:
             return []
         ok = self._buffer_job(keys, target_locations, is_load=True)
@@ -474,7 +479,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if not self.is_writer:
             return True
         if values is None or len(values) != len(keys):
-            raise ValueError("KvtierHiCacheStorage.batch_set needs one value tensor per key")
+            raise InvalidArgumentError(
+                "KvtierHiCacheStorage.batch_set needs one value tensor per key"
+            )
         if not keys:
             return True
         tensors = [v.detach().to("cpu").contiguous() for v in values]

@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from kvtier.errors import ConfigurationError
 from kvtier.integrations._engine_version import EngineRequirement
 from kvtier.tiering.base import JobMetadata, JobResult, ReqContext
 from kvtier.tiering.fs.file_mapper import FileMapper
@@ -148,7 +149,7 @@ def offloading_spec_from_vllm(spec: VllmOffloadingSpec | OffloadingSpec) -> Offl
         )
 
         if config.kv_cache_layout is None:
-            raise ValueError(
+            raise ConfigurationError(
                 "vLLM's offloading config enables canonical_layout but names no "
                 "kv_cache_layout; kvtier cannot tell which canonical format the blocks use"
             )
@@ -230,7 +231,7 @@ class KvtierFileSystemTier(VllmSecondaryTierManager):
         if unknown:
             noun = "option" if len(unknown) == 1 else "options"
             valid = sorted([*FsTierOptions.option_names(), *_ADAPTER_OPTIONS, "backpressure"])
-            raise ValueError(
+            raise ConfigurationError(
                 f"Unknown {noun} {', '.join(repr(k) for k in unknown)} for secondary tier "
                 f"'{tier_type}'. Valid options: {valid}"
             )
@@ -453,7 +454,7 @@ def _parse_locality(tier_type: str, value: Any) -> Locality | None:
     choices = [m.value for m in Locality]
     if isinstance(value, str) and value.strip().upper() in choices:
         return Locality(value.strip().upper())
-    raise ValueError(
+    raise ConfigurationError(
         f"Invalid value {value!r} for option 'locality' of secondary tier '{tier_type}': "
         f"expected one of {choices}"
     )

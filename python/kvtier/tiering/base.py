@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NewType, cast
 
 import numpy as np
 
+from kvtier.errors import InvalidArgumentError, InvalidTypeError
 from kvtier.tiering.validation import check_block_ids, check_job_id, check_keys
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ _GROUP_IDX_BYTES = 4
 def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
     """Pack a block hash and a KV-cache group index into an :data:`OffloadKey`."""
     if not 0 <= group_idx < 1 << (8 * _GROUP_IDX_BYTES):
-        raise ValueError(f"group_idx must be in [0, 2**32), got {group_idx}")
+        raise InvalidArgumentError(f"group_idx must be in [0, 2**32), got {group_idx}")
     return OffloadKey(bytes(block_hash) + group_idx.to_bytes(_GROUP_IDX_BYTES, "big"))
 
 
@@ -98,11 +99,11 @@ class SecondaryTierManager(ABC):
         tier_type: str,
     ) -> None:
         if not isinstance(primary_kv_view, memoryview):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"primary_kv_view must be a memoryview, got {type(primary_kv_view).__name__}"
             )
         if primary_kv_view.ndim < 1 or not primary_kv_view.c_contiguous:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "primary_kv_view must be a C-contiguous memoryview with at least one dimension "
                 f"(got ndim={primary_kv_view.ndim}, c_contiguous={primary_kv_view.c_contiguous})"
             )
@@ -110,17 +111,19 @@ class SecondaryTierManager(ABC):
         self._primary_kv_view = primary_kv_view
         self.tier_type = tier_type
         # Row b starts at b * strides[0]; rows are the unit of transfer whatever the format.
-        self._block_size_bytes: int = primary_kv_view.strides[0]
-        self._num_blocks: int = primary_kv_view.shape[0]
+        # (shape and strides are tuples for every memoryview; typeshed allows None.)
+        shape, strides = primary_kv_view.shape or (0,), primary_kv_view.strides or (0,)
+        self._block_size_bytes: int = strides[0]
+        self._num_blocks: int = shape[0]
         if self._block_size_bytes <= 0:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"primary_kv_view rows must be at least one byte, got {self._block_size_bytes}"
             )
         # A single row counts as C-contiguous whatever strides[0] says (e.g. a slice of a
         # memoryview with a step): rows must tile the view exactly, or a block would reach
         # past its end.
         if self._block_size_bytes * self._num_blocks != primary_kv_view.nbytes:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "primary_kv_view must be C-contiguous with rows of strides[0] bytes: got "
                 f"shape {primary_kv_view.shape}, strides {primary_kv_view.strides} "
                 f"({primary_kv_view.nbytes} bytes); pass a contiguous view"

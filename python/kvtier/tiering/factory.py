@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from kvtier.errors import ConfigurationError, InvalidArgumentError
 from kvtier.tiering.base import SecondaryTierManager
 from kvtier.tiering.spec import OffloadingSpec
 
@@ -36,7 +37,8 @@ def _format_unknown(tier_type: str, unknown: list[str], valid: list[str]) -> str
 def check_tier_options(
     tier_cls: type[SecondaryTierManager], tier_type: str, options: Mapping[str, Any]
 ) -> None:
-    """Raise ValueError naming unknown option keys before the constructor would TypeError.
+    """Raise ConfigurationError (a ValueError) naming unknown option keys before the
+    constructor would raise TypeError.
 
     A tier whose ``__init__`` takes ``**kwargs`` validates its own options.
     """
@@ -51,7 +53,7 @@ def check_tier_options(
     ]
     unknown = sorted(k for k in options if k not in valid)
     if unknown:
-        raise ValueError(_format_unknown(tier_type, unknown, valid))
+        raise ConfigurationError(_format_unknown(tier_type, unknown, valid))
 
 
 class SecondaryTierFactory:
@@ -68,7 +70,7 @@ class SecondaryTierFactory:
     def register_tier(cls, tier_type: str, module_path: str, class_name: str) -> None:
         """Register ``tier_type``; nothing is imported until a tier of that type is created."""
         if tier_type in cls._registry or tier_type in _TYPE_ALIASES:
-            raise ValueError(f"Tier '{tier_type}' is already registered.")
+            raise InvalidArgumentError(f"Tier '{tier_type}' is already registered.")
 
         def loader() -> type[SecondaryTierManager]:
             module = importlib.import_module(module_path)
@@ -86,10 +88,10 @@ class SecondaryTierFactory:
     def _resolve_type(cls, tier_config: Mapping[str, Any]) -> str:
         tier_type = tier_config.get("type")
         if not tier_type:
-            raise ValueError("Secondary tier configuration must include 'type'")
+            raise ConfigurationError("Secondary tier configuration must include 'type'")
         if not isinstance(tier_type, str):
-            # Bad configuration, whatever its Python type: ValueError, as for every config error.
-            raise ValueError(  # noqa: TRY004
+            # Bad configuration, whatever its Python type: ConfigurationError, as for all of them.
+            raise ConfigurationError(  # noqa: TRY004
                 f"Secondary tier 'type' must be a string, got {tier_type!r}"
             )
         new_type = _TYPE_ALIASES.get(tier_type)
@@ -117,7 +119,7 @@ class SecondaryTierFactory:
             return loader()
         module_path = tier_config.get("module_path")
         if not module_path:
-            raise ValueError(
+            raise ConfigurationError(
                 f"Unknown secondary tier type: '{tier_type}'. "
                 f"Supported types: {cls.supported_types()}"
             )
@@ -125,7 +127,7 @@ class SecondaryTierFactory:
         module = importlib.import_module(module_path)
         tier_cls = getattr(module, tier_type, None)
         if tier_cls is None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"Out-of-tree secondary tier: module '{module_path}' has no class '{tier_type}'"
             )
         _check_subclass(tier_cls, f"{module_path}.{tier_type}")
@@ -159,7 +161,7 @@ class SecondaryTierFactory:
 def _check_subclass(tier_cls: Any, name: str) -> None:
     if not (isinstance(tier_cls, type) and issubclass(tier_cls, SecondaryTierManager)):
         # A configuration naming the wrong class is a configuration error.
-        raise ValueError(  # noqa: TRY004
+        raise ConfigurationError(  # noqa: TRY004
             f"Secondary tier class '{name}' must subclass kvtier.tiering.base.SecondaryTierManager"
         )
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from kvtier.errors import ConfigurationError
+
 
 @dataclass(frozen=True)
 class OffloadingSpec:
@@ -30,14 +32,14 @@ class OffloadingSpec:
         for name in ("model_name", "dtype", "kv_layout"):
             value = getattr(self, name)
             if not isinstance(value, str):
-                # ValueError like every other invalid spec value: callers catch one type.
-                raise ValueError(  # noqa: TRY004
+                # ConfigurationError (a ValueError) like every other invalid spec value.
+                raise ConfigurationError(  # noqa: TRY004
                     f"OffloadingSpec.{name} must be a str, got {value!r}"
                 )
         if not self.model_name:
-            raise ValueError("OffloadingSpec.model_name must not be empty")
+            raise ConfigurationError("OffloadingSpec.model_name must not be empty")
         if not self.dtype:
-            raise ValueError("OffloadingSpec.dtype must not be empty")
+            raise ConfigurationError("OffloadingSpec.dtype must not be empty")
         for name in (
             "tokens_per_block",
             "blocks_per_file",
@@ -48,9 +50,11 @@ class OffloadingSpec:
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"OffloadingSpec.{name} must be an int >= 1, got {value!r}")
+                raise ConfigurationError(
+                    f"OffloadingSpec.{name} must be an int >= 1, got {value!r}"
+                )
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
-            raise ValueError(f"OffloadingSpec.rank must be an int >= 0, got {self.rank!r}")
+            raise ConfigurationError(f"OffloadingSpec.rank must be an int >= 0, got {self.rank!r}")
         if not isinstance(self.kv_cache_groups, tuple):
             # A list from a config file is accepted; frozen means we must store a tuple.
             object.__setattr__(self, "kv_cache_groups", tuple(self.kv_cache_groups))

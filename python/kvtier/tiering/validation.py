@@ -1,9 +1,10 @@
 """The checks every tier and transfer applies to a job's arguments: job id, keys, block ids.
 
 One implementation, so the fs tier and GPUStorageTransfer refuse the same mistakes with the
-same words, and refuse them at submit: a key that is accepted but unusable later (an
-unhashable bytearray, an int silently turned into bytes) would fail ``get_finished()`` or
-store a block under a key nobody asked for.
+same words and types (:class:`~kvtier.errors.InvalidTypeError`, a TypeError, and
+:class:`~kvtier.errors.InvalidArgumentError`, a ValueError), and refuse them at submit: a key
+that is accepted but unusable later (an unhashable bytearray, an int silently turned into
+bytes) would fail ``get_finished()`` or store a block under a key nobody asked for.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from kvtier import _core
+from kvtier.errors import InvalidArgumentError, InvalidTypeError
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _BYTES_LIKE = (bytes, bytearray, memoryview)
@@ -27,9 +29,9 @@ def _show(value: Any) -> str:
 def check_job_id(job_id: Any) -> int:
     """``job_id`` as an int; TypeError unless it is an integer, ValueError outside int64."""
     if isinstance(job_id, (bool, np.bool_)) or not isinstance(job_id, (int, np.integer)):
-        raise TypeError(f"job_id must be an int, got {_show(job_id)}")
+        raise InvalidTypeError(f"job_id must be an int, got {_show(job_id)}")
     if not _INT64_MIN <= int(job_id) <= _INT64_MAX:
-        raise ValueError(f"job_id {job_id} does not fit in 64 bits")
+        raise InvalidArgumentError(f"job_id {job_id} does not fit in 64 bits")
     return int(job_id)
 
 
@@ -40,7 +42,9 @@ def check_keys(job_id: int, keys: Iterable[Any]) -> tuple[bytes, ...]:
     or longer than the block format allows.
     """
     if isinstance(keys, (*_BYTES_LIKE, str)):
-        raise TypeError(f"Job {job_id}: keys must be a sequence of keys, got one {_show(keys)}")
+        raise InvalidTypeError(
+            f"Job {job_id}: keys must be a sequence of keys, got one {_show(keys)}"
+        )
     keys = tuple(keys)
     # The common case costs a few C-level passes: this runs on the caller's thread per job.
     if set(map(type, keys)) <= {bytes}:
@@ -51,13 +55,13 @@ def check_keys(job_id: int, keys: Iterable[Any]) -> tuple[bytes, ...]:
     for i, key in enumerate(keys):
         if type(key) is not bytes:
             if not isinstance(key, _BYTES_LIKE):
-                raise TypeError(
+                raise InvalidTypeError(
                     f"Job {job_id}: keys[{i}] must be bytes (or a bytearray / memoryview of "
                     f"them), got {_show(key)}"
                 )
             key = bytes(key)
         if not key or len(key) > _core.MAX_KEY_SIZE:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"Job {job_id}: keys[{i}] is {len(key)} bytes long; a key has 1 to "
                 f"{_core.MAX_KEY_SIZE} bytes"
             )
@@ -65,8 +69,10 @@ def check_keys(job_id: int, keys: Iterable[Any]) -> tuple[bytes, ...]:
     return tuple(out)
 
 
-def _not_integer(job_id: int, index: int, value: Any) -> TypeError:
-    return TypeError(f"Job {job_id}: block_ids[{index}] must be an integer, got {_show(value)}")
+def _not_integer(job_id: int, index: int, value: Any) -> InvalidTypeError:
+    return InvalidTypeError(
+        f"Job {job_id}: block_ids[{index}] must be an integer, got {_show(value)}"
+    )
 
 
 def check_block_ids(job_id: int, block_ids: Any, num_keys: int, num_blocks: int) -> list[int]:
@@ -93,10 +99,12 @@ def check_block_ids(job_id: int, block_ids: Any, num_keys: int, num_blocks: int)
                     raise _not_integer(job_id, i, b)
             values = [int(b) for b in values]
     if len(values) != num_keys:
-        raise ValueError(f"Job {job_id}: {num_keys} keys but {len(values)} block_ids")
+        raise InvalidArgumentError(f"Job {job_id}: {num_keys} keys but {len(values)} block_ids")
     if values and (min(values) < 0 or max(values) >= num_blocks):
         i, b = next((i, b) for i, b in enumerate(values) if not 0 <= b < num_blocks)
-        raise ValueError(f"Job {job_id}: block_ids[{i}] = {b} is out of range [0, {num_blocks})")
+        raise InvalidArgumentError(
+            f"Job {job_id}: block_ids[{i}] = {b} is out of range [0, {num_blocks})"
+        )
     return values
 
 

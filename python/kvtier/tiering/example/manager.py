@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Collection
 
+from kvtier.errors import ConfigurationError, ShutDownError
 from kvtier.tiering.base import (
     JobMetadata,
     JobResult,
@@ -35,9 +36,10 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type)
         # Options arrive from JSON/YAML too: validate them here, with a message that says
-        # what was expected. A bad option value is bad configuration, hence ValueError.
+        # what was expected. A bad option value is bad configuration: ConfigurationError, a
+        # ValueError.
         if isinstance(custom_param, bool) or not isinstance(custom_param, int):
-            raise ValueError(  # noqa: TRY004
+            raise ConfigurationError(  # noqa: TRY004
                 f"Option 'custom_param' of secondary tier '{tier_type}' must be an int, "
                 f"got {custom_param!r}"
             )
@@ -114,7 +116,7 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
 
     def _check_open(self) -> None:
         if self._shut_down:
-            raise RuntimeError(f"Secondary tier '{self.tier_type}' is shut down; submit refused")
+            raise ShutDownError(f"Secondary tier '{self.tier_type}' is shut down; submit refused")
 
     def get_num_blocks_stored(self) -> int:
         with self._lock:

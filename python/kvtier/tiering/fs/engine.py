@@ -9,6 +9,7 @@ from typing import Any
 
 from kvtier import _core
 from kvtier._fork import after_fork_in_child
+from kvtier.errors import IoUringRefusedError
 from kvtier.tiering.fs.file_mapper import FileMapper
 from kvtier.tiering.fs.options import StorageOptions
 
@@ -36,22 +37,22 @@ def open_engine(
     back to buffered I/O, and once per process and reason if ``io_engine="auto"`` fell back to
     psync. ``extra`` are further ``_core.Engine`` arguments (e.g. use_cuda).
 
-    Raises OSError (ENOSYS, EPERM, ...) when ``io_engine="io_uring"`` is refused, saying
-    which values work instead."""
+    Raises :class:`~kvtier.errors.IoUringRefusedError` (an OSError: ENOSYS, EPERM, ...) when
+    ``io_engine="io_uring"`` is refused, saying which values work instead."""
     kwargs = {**options.engine_kwargs(), **extra}
     try:
         engine = _core.Engine(mapper.rank_dir, fingerprint=mapper.fingerprint, **kwargs)
-    except OSError as e:
-        # Only a refusal of io_uring itself gets the advice; any other OSError (an unusable
-        # root) passes unchanged. Asking psync tells the two apart whatever the message says.
-        if options.io_engine != "io_uring" or not _opens_with_psync(mapper, kwargs):
-            raise
-        raise OSError(
+    except IoUringRefusedError as e:
+        # The core says which errors are a refusal of io_uring itself: only those get the
+        # advice; any other error (an unusable root) passes unchanged.
+        advised = IoUringRefusedError(
             e.errno,
             f"{owner}: {e.strerror}; use io_engine='auto' (io_uring where the kernel allows "
             "it, otherwise psync) or io_engine='psync'",
             e.filename,
-        ) from e
+        )
+        advised.where = e.where
+        raise advised from e
     if engine.o_direct_fallback_reason:
         logger.warning(
             "O_DIRECT is not usable under %s (%s); %s uses buffered I/O",
@@ -73,18 +74,6 @@ def open_engine(
     return engine
 
 
-def _opens_with_psync(mapper: FileMapper, kwargs: dict[str, Any]) -> bool:
-    """Whether the engine ``kwargs`` describe opens with io_engine="psync" instead."""
-    try:
-        engine = _core.Engine(
-            mapper.rank_dir, fingerprint=mapper.fingerprint, **{**kwargs, "io_engine": "psync"}
-        )
-    except OSError:
-        return False
-    engine.shutdown()
-    return True
-
-
 def io_uring_refusal(directory: str | os.PathLike[str]) -> str:
     """Why the native engine refuses io_engine="io_uring" in this process ("" if it accepts):
     the engine's own answer (the kernel's refusal, a seccomp profile, a build without io_uring),
@@ -93,7 +82,7 @@ def io_uring_refusal(directory: str | os.PathLike[str]) -> str:
         engine = _core.Engine(
             os.fspath(directory), n_read_threads=1, n_write_threads=0, io_engine="io_uring"
         )
-    except OSError as exc:
+    except IoUringRefusedError as exc:
         return exc.strerror or str(exc)
     engine.shutdown()
     return ""

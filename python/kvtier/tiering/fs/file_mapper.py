@@ -36,7 +36,7 @@ import stat
 from typing import Any, NamedTuple
 
 from kvtier import _core
-from kvtier.tiering.base import OffloadKey
+from kvtier.errors import ConfigurationError, StorageError
 from kvtier.tiering.spec import OffloadingSpec
 
 CONFIG_FILE_NAME = "config.json"
@@ -170,7 +170,7 @@ class FileMapper:
         # Saves a join per call: get_file_name runs for every block of every job.
         self._prefix = self.rank_dir + os.sep
 
-    def get_file_name(self, key: OffloadKey) -> str:
+    def get_file_name(self, key: bytes) -> str:
         """Absolute path of the block file for ``key``."""
         d = hashlib.blake2b(key, digest_size=2).hexdigest()
         if len(key) <= _MAX_KEY_BYTES_IN_NAME:
@@ -186,10 +186,10 @@ class FileMapper:
         """Create the namespace and rank directories and make sure config.json agrees.
 
         Directories made here (``root_dir`` too when it is missing) get exactly
-        ``_core.directory_mode(file_mode)``. Raises OSError when the root cannot be created
-        or written, PermissionError when the namespace belongs to another user that
-        ``file_mode`` does not share with, ValueError when an existing config.json describes
-        another layout.
+        ``_core.directory_mode(file_mode)``. Raises StorageError (an OSError) when the root
+        cannot be created or written, with EPERM (a PermissionError) when the namespace
+        belongs to another user that ``file_mode`` does not share with, ConfigurationError (a
+        ValueError) when an existing config.json describes another layout.
         """
         dir_mode = int(_core.directory_mode(file_mode))
         try:
@@ -200,11 +200,11 @@ class FileMapper:
         except OSError as e:
             if isinstance(e, PermissionError) and e.errno == errno.EPERM:
                 raise
-            raise OSError(
+            raise StorageError(
                 e.errno, f"cannot create fs tier directory ({e.strerror})", e.filename
             ) from e
         if not os.access(self.rank_dir, os.W_OK | os.X_OK):
-            raise PermissionError(errno.EACCES, "fs tier directory is not writable", self.rank_dir)
+            raise StorageError(errno.EACCES, "fs tier directory is not writable", self.rank_dir)
         self._ensure_config(file_mode)
 
     def _ensure_config(self, file_mode: int) -> None:
@@ -217,7 +217,7 @@ class FileMapper:
                 self._create_config(dir_fd, expected, file_mode)
                 st = os.lstat(CONFIG_FILE_NAME, dir_fd=dir_fd)
             if not stat.S_ISREG(st.st_mode):
-                raise ValueError(
+                raise ConfigurationError(
                     f"fs tier namespace {self.namespace_dir} has a {CONFIG_FILE_NAME} that is "
                     "not a regular file (links below root_dir are never followed); move the "
                     "directory aside or use another root_dir"
@@ -262,7 +262,7 @@ class FileMapper:
             with open(os.open(CONFIG_FILE_NAME, flags, dir_fd=dir_fd), encoding="utf-8") as f:
                 found = json.load(f)
         except (OSError, ValueError) as e:
-            raise ValueError(
+            raise ConfigurationError(
                 f"fs tier namespace {self.namespace_dir} has an unreadable {CONFIG_FILE_NAME} "
                 f"({e}); move the directory aside or use another root_dir"
             ) from e
@@ -272,7 +272,7 @@ class FileMapper:
             details = ", ".join(
                 f"{k}: file has {found.get(k)!r}, this tier has {expected.get(k)!r}" for k in diff
             )
-            raise ValueError(
+            raise ConfigurationError(
                 f"fs tier namespace {self.namespace_dir} belongs to another layout "
                 f"({CONFIG_FILE_NAME} disagrees: {details}); refusing to mix blocks. Use "
                 "another root_dir or remove that namespace directory."
@@ -302,7 +302,7 @@ def make_tier_directory(path: str, mode: int, check_link: bool = True) -> None:
     if check_link:
         st = os.lstat(path)
         if not stat.S_ISDIR(st.st_mode):
-            raise OSError(
+            raise StorageError(
                 errno.ELOOP if stat.S_ISLNK(st.st_mode) else errno.ENOTDIR,
                 "not a directory of the tier (links below root_dir are never followed)",
                 path,
@@ -331,7 +331,7 @@ def _check_owner(st: os.stat_result, path: str, file_mode: int) -> None:
         return  # shared with the owner's group, which this process is in
     owner = _name_of(pwd.getpwuid, st.st_uid)
     group = _name_of(grp.getgrgid, st.st_gid)
-    raise PermissionError(
+    raise StorageError(
         errno.EPERM,
         f"fs tier namespace entry is owned by user {owner} (uid {st.st_uid}), not by this "
         f"process (uid {uid}), and file_mode {oct(file_mode)} does not share blocks with it: "

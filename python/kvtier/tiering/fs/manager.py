@@ -15,11 +15,12 @@ import threading
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from kvtier import _core
 from kvtier._fork import inherited, owner_process_only, this_process
 from kvtier._rate_limited_log import RateLimitedLog
+from kvtier.errors import InvalidArgumentError, ShutDownError
 from kvtier.tiering.base import (
     JobId,
     JobMetadata,
@@ -170,7 +171,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
     @owner_process_only
     def submit_load(self, job: JobMetadata) -> None:
         if not self._writable:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"Secondary tier '{self.tier_type}' cannot load: primary_kv_view is read-only"
             )
         self._submit(job, is_load=True)
@@ -180,7 +181,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         with self._lock:
             self._check_open()
             if job_id in self._unreported:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"Job {job_id} is already in flight (or finished and not yet returned by "
                     "get_finished()); job ids must be unique until reported"
                 )
@@ -315,8 +316,8 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         if self._shut_down:
             self._raise_shut_down()
 
-    def _raise_shut_down(self) -> None:
-        raise RuntimeError(
+    def _raise_shut_down(self) -> NoReturn:
+        raise ShutDownError(
             f"Secondary tier '{self.tier_type}' is shut down; submit_store/submit_load refused"
         )
 
@@ -354,7 +355,7 @@ def _forget_evicted(
     prefix = rank_dir + os.sep
 
     def forget(paths: list[str]) -> None:
-        keys = []
+        keys: list[OffloadKey] = []
         for path in paths:
             if not path.startswith(prefix):
                 continue
@@ -362,7 +363,7 @@ def _forget_evicted(
             if name.startswith("h"):  # a long key named by its hash: cannot be named back
                 lookups.forget_present()
                 continue
-            keys.append(bytes.fromhex(name))
+            keys.append(OffloadKey(bytes.fromhex(name)))
         lookups.mark_absent(keys)
         if keys:
             for listener in listeners:

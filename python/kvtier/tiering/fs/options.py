@@ -2,6 +2,11 @@
 
 Values may come from Python, JSON or YAML, so strings such as ``"16"``, ``"true"`` and
 ``"0640"`` are accepted where an int, a bool or a file mode is expected.
+
+The native engine's options take their defaults and ranges from the engine itself
+(``_core.ENGINE_DEFAULTS`` and ``_core.ENGINE_LIMITS``, read from the C++ configuration and
+the constants its checks use), so Python and C++ cannot disagree; only the options Python
+implements (capacity, lookups, the store queue) define their defaults here.
 """
 
 from __future__ import annotations
@@ -11,12 +16,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from kvtier import _core
+from kvtier.errors import ConfigurationError
 from kvtier.tiering.fs.capacity.policy import MAX_MIN_FREE_FRACTION, CapacityPolicy
 from kvtier.tiering.fs.capacity.sizes import SIZE_SYNTAX, parse_size
 
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
-MAX_THREADS = 1024  # the native engine's own limit
+_ENGINE = _core.ENGINE_DEFAULTS
+_LIMITS = _core.ENGINE_LIMITS
+MAX_THREADS: int = _LIMITS["n_read_threads"][1]  # the native engine's own limit
+# file_mode: permission bits only, narrower than the engine's range (which also takes the
+# setuid, setgid and sticky bits): block files never want those, and a decimal 640 from
+# YAML/JSON (0o1200) is refused instead of taken for 0o640.
+FILE_MODE_BITS = 0o777
+_FILE_MODE_REQUIRED: int = _LIMITS["file_mode_required_bits"]  # owner read and write
 IO_ENGINES = ("auto", "io_uring", "psync")  # values of the io_engine option
 # Options the Python side implements (root layout, capacity); never passed to the engine.
 _NOT_ENGINE_OPTIONS = frozenset({"root_dir", "max_bytes", "min_free_fraction", "eviction"})
@@ -28,18 +42,18 @@ class StorageOptions:
 
     root_dir: str
     # None: sized by the machine (cores, root's device queue; docs/tiers.md).
-    n_read_threads: int | None = None
-    n_write_threads: int | None = None
-    o_direct: Literal["auto"] | bool = "auto"
-    checksum: Literal["crc32c", "none"] = "crc32c"
-    durability: Literal["none", "data", "full"] = "none"
-    file_mode: int = 0o600
+    n_read_threads: int | None = _ENGINE["n_read_threads"]
+    n_write_threads: int | None = _ENGINE["n_write_threads"]
+    o_direct: Literal["auto"] | bool = _ENGINE["o_direct"]
+    checksum: Literal["crc32c", "none"] = _ENGINE["checksum"]
+    durability: Literal["none", "data", "full"] = _ENGINE["durability"]
+    file_mode: int = _ENGINE["file_mode"]
     # Nice value of the I/O worker threads: keeps them from starving the scheduler loop.
-    worker_nice: int = 19
+    worker_nice: int = _ENGINE["worker_nice"]
     # "auto": io_uring where the kernel allows it, else psync (pread/pwrite), with one warning.
-    io_engine: Literal["auto", "io_uring", "psync"] = "auto"
+    io_engine: Literal["auto", "io_uring", "psync"] = _ENGINE["io_engine"]
     # Nice value of the load-only workers: loads (what a request waits for) above stores.
-    load_nice: int = 0
+    load_nice: int = _ENGINE["load_nice"]
     # Capacity of the whole root (docs/tiers.md, "Capacity"); kvtier's, not the engine's.
     max_bytes: int | None = None
     min_free_fraction: float = 0.05
@@ -68,9 +82,9 @@ class StorageOptions:
             "checksum": p.choice("checksum", get("checksum"), ("crc32c", "none")),
             "durability": p.choice("durability", get("durability"), ("none", "data", "full")),
             "file_mode": p.file_mode(get("file_mode")),
-            "worker_nice": p.integer("worker_nice", get("worker_nice"), 0, 19),
+            "worker_nice": p.integer("worker_nice", get("worker_nice"), *_LIMITS["worker_nice"]),
             "io_engine": p.choice("io_engine", get("io_engine"), IO_ENGINES),
-            "load_nice": p.integer("load_nice", get("load_nice"), 0, 19),
+            "load_nice": p.integer("load_nice", get("load_nice"), *_LIMITS["load_nice"]),
             "max_bytes": p.size("max_bytes", get("max_bytes")),
             "min_free_fraction": p.fraction(
                 "min_free_fraction", get("min_free_fraction"), MAX_MIN_FREE_FRACTION
@@ -96,7 +110,8 @@ class FsTierOptions(StorageOptions):
 
     @classmethod
     def parse(cls, tier_type: str, raw: Mapping[str, Any]) -> FsTierOptions:
-        """Validate raw option values; raises ValueError naming the option and what it takes."""
+        """Validate raw option values; raises ConfigurationError (a ValueError) naming the
+        option and what it takes."""
         p, get = cls._parser(f"secondary tier '{tier_type}'", raw)
         return cls(
             **cls._parse_storage(p, raw, get),
@@ -117,8 +132,8 @@ class OptionParser:
         self.owner = owner
         self.valid_names = valid_names
 
-    def error(self, name: str, expected: str, value: Any) -> ValueError:
-        return ValueError(
+    def error(self, name: str, expected: str, value: Any) -> ConfigurationError:
+        return ConfigurationError(
             f"Invalid value {value!r} for option '{name}' of {self.owner}: expected {expected}"
         )
 
@@ -127,23 +142,27 @@ class OptionParser:
         if unknown:
             noun = "option" if len(unknown) == 1 else "options"
             names = ", ".join(repr(k) for k in unknown)
-            raise ValueError(
+            raise ConfigurationError(
                 f"Unknown {noun} {names} for {self.owner}. Valid options: {self.valid_names}"
             )
 
     def thread_counts(self, n_read: Any, n_write: Any) -> tuple[int | None, int | None]:
         """Validated counts; None (the default) leaves a count to the engine's machine sizing."""
         if n_read is not None:
-            n_read = self.integer("n_read_threads", n_read, 0, MAX_THREADS)
+            n_read = self.integer("n_read_threads", n_read, *_LIMITS["n_read_threads"])
         if n_write is not None:
-            n_write = self.integer("n_write_threads", n_write, 0, MAX_THREADS)
-        if n_read == 0 and n_write == 0:
-            raise ValueError(f"{self.owner}: n_read_threads + n_write_threads must be at least 1")
+            n_write = self.integer("n_write_threads", n_write, *_LIMITS["n_write_threads"])
+        # A count left to the machine is at least 1, so only two explicit counts can be short.
+        least = _LIMITS["n_threads_total"][0]
+        if n_read is not None and n_write is not None and n_read + n_write < least:
+            raise ConfigurationError(
+                f"{self.owner}: n_read_threads + n_write_threads must be at least {least}"
+            )
         return n_read, n_write
 
     def root_dir(self, value: Any) -> str:
         if value is None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{self.owner[0].upper()}{self.owner[1:]} requires option 'root_dir' (a "
                 "directory path for block files)"
             )
@@ -220,7 +239,7 @@ class OptionParser:
     def file_mode(self, value: Any) -> int:
         expected = (
             "permission bits as an int (0o640) or an octal string ('0640'), including owner "
-            "read and write (0o600)"
+            f"read and write ({oct(_FILE_MODE_REQUIRED)})"
         )
         if isinstance(value, bool):
             raise self.error("file_mode", expected, value)
@@ -230,10 +249,10 @@ class OptionParser:
                 value = int(text, 8)
             except ValueError:
                 raise self.error("file_mode", expected, value) from None
-        if not isinstance(value, int) or not 0 <= value <= 0o777:
+        if not isinstance(value, int) or not 0 <= value <= FILE_MODE_BITS:
             # A decimal 640 from YAML/JSON lands here: it is 0o1200, not 0o640.
             raise self.error("file_mode", expected, value)
-        if value & 0o600 != 0o600:
+        if value & _FILE_MODE_REQUIRED != _FILE_MODE_REQUIRED:
             raise self.error("file_mode", expected, oct(value))
         return value
 

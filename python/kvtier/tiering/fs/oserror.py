@@ -11,17 +11,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from kvtier.errors import StorageError
+
 
 @contextlib.contextmanager
 def naming(path: str) -> Iterator[None]:
-    """Re-raise an OSError without a ``filename`` as the same error about ``path``."""
+    """Re-raise an OSError as a :class:`~kvtier.errors.StorageError` (the same errno, so the
+    same builtin subclass: FileNotFoundError, ...) about ``path`` when it names no file."""
     try:
         yield
-    except OSError as e:
+    except StorageError as e:
         if e.filename:
             raise
-        # OSError(errno, ...) picks the matching subclass (FileNotFoundError, ...) itself.
-        raise OSError(e.errno, e.strerror or str(e), path) from e
+        raise StorageError(e.errno, e.strerror or str(e), path) from e
+    except OSError as e:
+        raise StorageError(e.errno, e.strerror or str(e), e.filename or path) from e
 
 
 __all__ = ["naming"]

@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-BLOCK_HEADER_BYTES = 4096
-_ALIGN = 4096
+from kvtier import _core
+
+# The block format's, as the native core defines it (docs/FORMAT.md).
+BLOCK_HEADER_BYTES: int = _core.HEADER_SIZE
+_ALIGN: int = _core.ALIGNMENT
 
 # Decimal units (K, M, G, T, P, optionally followed by B) are powers of 1000, as disk vendors
 # and `df -H` count; binary units (KiB, MiB, ...) are powers of 1024. Case does not matter.
