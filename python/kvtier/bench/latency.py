@@ -9,6 +9,7 @@ one after another while it drains, each timed from submit to the poll that sees 
 from __future__ import annotations
 
 import time
+from typing import TypedDict
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from kvtier.bench.workload import (
     remove_files,
     wait_for,
 )
+from kvtier.tiering.base import OffloadKey
 
 BLOCKS_PER_LOAD = 4
 _MAX_HOT_BLOCKS = 64
@@ -31,7 +33,23 @@ _MAX_FLOOD_ROUNDS = 10
 _SPIN_S = 0.0001  # poll interval while a load is in flight (sleep releases the GIL)
 
 
-def percentiles(samples_s: list[float]) -> dict:
+class _SampleCount(TypedDict):
+    n: int
+
+
+class Percentiles(_SampleCount, total=False):
+    """What :func:`percentiles` reports: only ``n`` (0) when there were no samples."""
+
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    min_ms: float
+    max_ms: float
+    mean_ms: float
+    samples_ms: list[float]
+
+
+def percentiles(samples_s: list[float]) -> Percentiles:
     """p50/p95/p99 (and min, max, mean) in milliseconds; ``n`` = number of samples."""
     if not samples_s:
         return {"n": 0}
@@ -56,7 +74,7 @@ def hot_set_size(n_blocks: int) -> int:
 
 
 class _Sampler:
-    def __init__(self, driver: TierDriver, keys: list[bytes], ids: JobIds):
+    def __init__(self, driver: TierDriver, keys: list[OffloadKey], ids: JobIds):
         self._driver = driver
         self._keys = keys
         self._ids = ids
@@ -99,7 +117,7 @@ def measure_latency(
     blocks_per_job: int,
     key_prefix: bytes,
     samples: int,
-) -> dict:
+) -> dict[str, object]:
     n = primary.n_blocks
     hot = hot_set_size(n)
     ids = JobIds()
@@ -134,14 +152,15 @@ def measure_latency(
         remove_files(driver.file_paths(round_keys))
 
     remove_files(driver.file_paths(hot_keys))
-    result = {
+    idle_ms, flood_ms = percentiles(idle), percentiles(flood)
+    result: dict[str, object] = {
         "blocks_per_load": BLOCKS_PER_LOAD,
         "hot_blocks": hot,
         "flood_bytes": flood_bytes,
         "flood_rounds": rounds,
-        "idle": percentiles(idle),
-        "flood": percentiles(flood),
+        "idle": idle_ms,
+        "flood": flood_ms,
     }
     if idle and flood:
-        result["p95_ratio"] = result["flood"]["p95_ms"] / result["idle"]["p95_ms"]
+        result["p95_ratio"] = flood_ms["p95_ms"] / idle_ms["p95_ms"]
     return result

@@ -299,12 +299,13 @@ def _load_label(entry: dict, fio: dict) -> str:
 
 def _best_load(entry: dict) -> tuple[str, dict] | None:
     """The load ceiling with the highest median read in a size's results, if any ran."""
-    loads = entry.get("fio_loads") or {}
-    key = entry.get("fio_load_best")
-    if key not in loads:
-        if not loads:
-            return None
-        key = max(loads, key=lambda k: loads[k].get("read_gbps", 0.0))
+    loads: dict[str, dict] = entry.get("fio_loads") or {}
+    if not loads:
+        return None
+    best = entry.get("fio_load_best")
+    if isinstance(best, str) and best in loads:
+        return best, loads[best]
+    key = max(loads, key=lambda k: loads[k].get("read_gbps", 0.0))
     return key, loads[key]
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TypedDict
 
 import kvtier
 from kvtier import _core
@@ -512,6 +513,15 @@ def _lmcache_tiers(
     peers["lmcache"] = {**status, "backends": ran, "threads": threads}
 
 
+class _Workload(TypedDict):
+    """The keywords every measurement takes: the rows it moves, and how it keys and batches
+    them."""
+
+    primary: PrimaryMemory
+    blocks_per_job: int
+    key_prefix: bytes
+
+
 def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
     root, scratch, tiers, peers, notes = plan.root, plan.scratch, plan.tiers, plan.peers, plan.notes
     fio_info, fio_path, direct, per_run = plan.fio_info, plan.fio_path, plan.direct, plan.per_run
@@ -537,12 +547,10 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
             for rep in range(config.repeat):
                 for name in tier_order(list(tiers), rep):
                     prefix = f"{name}-{block_size}-{rep}".encode()
-                    common = {
-                        "primary": primary,
-                        "blocks_per_job": config.blocks_per_job,
-                        "key_prefix": prefix,
-                    }
-                    results, bypass = phase.run(
+                    common = _Workload(
+                        primary=primary, blocks_per_job=config.blocks_per_job, key_prefix=prefix
+                    )
+                    measured, bypass = phase.run(
                         tiers[name],
                         primary,
                         [
@@ -564,9 +572,9 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
                         f"{label} {name} (run {rep + 1}/{config.repeat})",
                     )
                     cache_bypass[name] = bypass
-                    per_tier[name]["throughput"].append(results[THROUGHPUT])
-                    per_tier[name]["interference"].append(results[INTERFERENCE])
-                    per_tier[name]["latency"].append(results[LATENCY])
+                    per_tier[name]["throughput"].append(measured[THROUGHPUT])
+                    per_tier[name]["interference"].append(measured[INTERFERENCE])
+                    per_tier[name]["latency"].append(measured[LATENCY])
 
                 basic = [c for c in plan.ceilings if not c.load]
                 for ceiling in basic if fio_path else ():

@@ -21,10 +21,10 @@ import numpy as np
 # the KeyboardInterrupt (numpy.random's lazy import does), and a run must stop and clean up.
 import numpy.random  # noqa: F401
 
-from kvtier import _core
 from kvtier.bench.errors import BenchError
-from kvtier.tiering.base import JobMetadata, ReqContext
+from kvtier.tiering.base import JobMetadata, OffloadKey, ReqContext
 from kvtier.tiering.factory import SecondaryTierFactory
+from kvtier.tiering.fs.manager import FileSystemTierManager
 from kvtier.tiering.spec import OffloadingSpec
 
 #: How long the measuring thread sleeps between polls for finished jobs. Short enough not to
@@ -40,7 +40,7 @@ class Job:
     """One store or load job: ``keys[i]`` lives in primary row ``block_ids[i]``."""
 
     job_id: int
-    keys: tuple[bytes, ...]
+    keys: tuple[OffloadKey, ...]
     block_ids: np.ndarray
 
 
@@ -108,15 +108,15 @@ class PrimaryMemory:
             pass
 
 
-def block_keys(prefix: bytes, start: int, count: int, group_idx: int = 0) -> list[bytes]:
+def block_keys(prefix: bytes, start: int, count: int, group_idx: int = 0) -> list[OffloadKey]:
     """``count`` distinct keys: a 32-byte block hash (prefix + index) plus the group index."""
     hash_prefix = prefix[:24].ljust(24, b"\0")
     group = group_idx.to_bytes(4, "big")
-    return [hash_prefix + (start + i).to_bytes(8, "big") + group for i in range(count)]
+    return [OffloadKey(hash_prefix + (start + i).to_bytes(8, "big") + group) for i in range(count)]
 
 
 def make_jobs(
-    first_job_id: int, keys: Sequence[bytes], block_ids: Sequence[int], blocks_per_job: int
+    first_job_id: int, keys: Sequence[OffloadKey], block_ids: Sequence[int], blocks_per_job: int
 ) -> list[Job]:
     """Split keys/rows into jobs of ``blocks_per_job`` blocks, with consecutive job ids."""
     jobs = []
@@ -224,22 +224,28 @@ class KvtierDriver:
         if worker_nice is not None:  # else the tier's default
             config["worker_nice"] = worker_nice
         try:
-            self._tier = SecondaryTierFactory.create_secondary_tier(config, primary.view, spec)
+            tier = SecondaryTierFactory.create_secondary_tier(config, primary.view, spec)
         except ValueError as exc:
             raise BenchError(f"the kvtier fs tier refused the settings: {exc}") from exc
         except OSError as exc:
             # The path would be the scratch directory, which the user never chose.
             raise BenchError(f"the kvtier fs tier cannot start on --root: {exc.strerror}") from exc
-        direct = getattr(self._tier, "direct_io", None)
-        if direct is None:  # a tier without the property: probe the way its engine does
-            direct = _core.probe_o_direct(str(root)) == ""
-        self.cache_bypass = O_DIRECT if direct else FADVISE
+        # The factory returns the base class; the bench also reads what only the fs tier has
+        # (its file names, direct I/O, the engine that runs).
+        if not isinstance(tier, FileSystemTierManager):
+            tier.shutdown()
+            raise BenchError(
+                f"the factory built a {type(tier).__name__} for type 'fs', expected "
+                "FileSystemTierManager; reinstall kvtier"
+            )
+        self._tier = tier
+        self.cache_bypass = O_DIRECT if tier.direct_io else FADVISE
         #: The engine that moves the bytes, as the tier reports it ("auto" resolved), and why
         #: "auto" fell back to psync (empty when it did not).
         self.io_engine: str = self._tier.io_engine
         self.io_engine_fallback_reason: str = self._tier.io_engine_fallback_reason
 
-    def _meta(self, job: Job, is_promotion: bool):
+    def _meta(self, job: Job, is_promotion: bool) -> JobMetadata:
         return self._job_metadata(
             job_id=job.job_id,
             keys=list(job.keys),
