@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
+from stallfs import make_stallfs, stallfs, stallfs_binary  # noqa: F401 (fixtures)
 
 # Upper bound on any wait for asynchronous results: generous, so a slow shared CI machine
 # does not fail; a hang still ends as a failure instead of a stuck run.
