@@ -163,8 +163,9 @@ class StallFS:
         self._command(f"delay {int(ms)} {self._class(ops)}")
 
     def match(self, substring: str | None = None) -> None:
-        """Faults hit only paths (relative to the mount, with a leading /) that contain
-        ``substring``; ``None`` (the start) hits every path."""
+        """Faults hit only operations whose backing path (the file under ``backing``, or the
+        directory plus the name it acts on) contains ``substring``; ``None`` (the start) hits
+        every path."""
         if substring is not None and (not substring or any(c.isspace() for c in substring)):
             raise ValueError(f"match substring must be non-empty without spaces: {substring!r}")
         self._command("match" if substring is None else f"match {substring}")
