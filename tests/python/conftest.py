@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
+from stallfs import make_stallfs, stallfs, stallfs_binary  # noqa: F401 (fixtures)
+from uring_faults import seccomp_errno_lib, uring_enter_fault  # noqa: F401 (fixtures)
 
 # Upper bound on any wait for asynchronous results: generous, so a slow shared CI machine
 # does not fail; a hang still ends as a failure instead of a stuck run.
