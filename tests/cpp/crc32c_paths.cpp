@@ -4,7 +4,7 @@
 // and wraps its internals so hardware and software results can be compared on one machine.
 #define crc32c kvtier_test_copy_crc32c
 #define crc32c_is_hardware kvtier_test_copy_crc32c_is_hardware
-#include "crc32c.cpp"
+#include "util/crc32c.cpp"
 #undef crc32c
 #undef crc32c_is_hardware
 

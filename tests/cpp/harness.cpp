@@ -1,6 +1,6 @@
 #include "harness.hpp"
 
-#include "uring.hpp"
+#include "io/ring.hpp"
 
 #include <dirent.h>
 #include <sys/stat.h>

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "beneath.hpp"
+#include "fs/beneath.hpp"
 #include "engine_helpers.hpp"
 
 namespace {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "engine_helpers.hpp"
-#include "uring.hpp"
+#include "io/ring.hpp"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <kvtier/format.hpp>
 
 #include "harness.hpp"
-#include "header.hpp"
+#include "io/block_header.hpp"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "harness.hpp"
-#include "mpsc_queue.hpp"
+#include "util/mpsc_queue.hpp"
 
 namespace {
 

@@ -24,10 +24,10 @@
 
 #include <kvtier/kvtier.hpp>
 
-#include "block_io.hpp"
+#include "io/block_io.hpp"
 #include "engine_helpers.hpp"
 #include "harness.hpp"
-#include "uring.hpp"
+#include "io/ring.hpp"
 
 using kvtest::TempDir;
 using kvtier::Completion;

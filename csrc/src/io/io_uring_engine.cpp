@@ -64,10 +64,10 @@
 #include <kvtier/files.hpp>
 #include <kvtier/format.hpp>
 
-#include "block_io.hpp"
-#include "block_steps.hpp"
-#include "header.hpp"
-#include "posix_io.hpp"
+#include "io/block_io.hpp"
+#include "io/block_file.hpp"
+#include "io/block_header.hpp"
+#include "io/posix_io.hpp"
 
 namespace kvtier::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "cuda_runtime.hpp"
+#include "device/cuda_runtime.hpp"
 
 #include <dlfcn.h>
 

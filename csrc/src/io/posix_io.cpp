@@ -1,4 +1,4 @@
-#include "posix_io.hpp"
+#include "io/posix_io.hpp"
 
 #include <fcntl.h>
 #include <limits.h>

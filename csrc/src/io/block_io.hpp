@@ -10,10 +10,10 @@
 #include <kvtier/config.hpp>
 #include <kvtier/job.hpp>
 
-#include "beneath.hpp"
-#include "cuda_runtime.hpp"
-#include "staging_pool.hpp"
-#include "uring.hpp"
+#include "fs/beneath.hpp"
+#include "device/cuda_runtime.hpp"
+#include "device/staging_pool.hpp"
+#include "io/ring.hpp"
 
 namespace kvtier::detail {
 

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <type_traits>
 
-#include "cuda_runtime.hpp"
+#include "device/cuda_runtime.hpp"
 
 namespace kvtier::detail::cuda_check {
 

@@ -1,4 +1,4 @@
-#include "header.hpp"
+#include "io/block_header.hpp"
 
 #include <cstring>
 

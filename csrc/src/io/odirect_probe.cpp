@@ -8,8 +8,8 @@
 #include <kvtier/engine.hpp>
 #include <kvtier/format.hpp>
 
-#include "aligned_buffer.hpp"
-#include "posix_io.hpp"
+#include "device/aligned_buffer.hpp"
+#include "io/posix_io.hpp"
 
 namespace kvtier {
 namespace {

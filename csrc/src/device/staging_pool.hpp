@@ -9,8 +9,8 @@
 #include <optional>
 #include <vector>
 
-#include "aligned_buffer.hpp"
-#include "cuda_runtime.hpp"
+#include "device/aligned_buffer.hpp"
+#include "device/cuda_runtime.hpp"
 
 namespace kvtier::detail {
 

@@ -1,4 +1,4 @@
-#include "block_io.hpp"
+#include "io/block_io.hpp"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -13,10 +13,10 @@
 #include <kvtier/files.hpp>
 #include <kvtier/format.hpp>
 
-#include "beneath.hpp"
-#include "block_steps.hpp"
-#include "header.hpp"
-#include "posix_io.hpp"
+#include "fs/beneath.hpp"
+#include "io/block_file.hpp"
+#include "io/block_header.hpp"
+#include "io/posix_io.hpp"
 
 namespace kvtier::detail {
 namespace {

@@ -26,13 +26,13 @@
 #include <kvtier/files.hpp>
 #include <kvtier/format.hpp>
 
-#include "aligned_buffer.hpp"
-#include "beneath.hpp"
-#include "block_io.hpp"
-#include "cuda_runtime.hpp"
-#include "mpsc_queue.hpp"
-#include "posix_io.hpp"
-#include "process.hpp"
+#include "device/aligned_buffer.hpp"
+#include "fs/beneath.hpp"
+#include "io/block_io.hpp"
+#include "device/cuda_runtime.hpp"
+#include "util/mpsc_queue.hpp"
+#include "io/posix_io.hpp"
+#include "fs/process.hpp"
 
 namespace kvtier {
 namespace {

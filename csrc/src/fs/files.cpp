@@ -7,8 +7,8 @@
 #include <atomic>
 #include <cerrno>
 
-#include "posix_io.hpp"
-#include "process.hpp"
+#include "io/posix_io.hpp"
+#include "fs/process.hpp"
 
 namespace kvtier {
 

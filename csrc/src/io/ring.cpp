@@ -1,4 +1,4 @@
-#include "uring.hpp"
+#include "io/ring.hpp"
 
 #include <sys/mman.h>
 #include <sys/syscall.h>

@@ -1,4 +1,4 @@
-#include "beneath.hpp"
+#include "fs/beneath.hpp"
 
 #include <fcntl.h>
 #include <linux/openat2.h>

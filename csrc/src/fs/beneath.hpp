@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "posix_io.hpp"
+#include "io/posix_io.hpp"
 
 namespace kvtier::detail {
 

@@ -13,8 +13,8 @@
 
 #include <kvtier/job.hpp>
 
-#include "block_io.hpp"
-#include "posix_io.hpp"
+#include "io/block_io.hpp"
+#include "io/posix_io.hpp"
 
 namespace kvtier::detail {
 

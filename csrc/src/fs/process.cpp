@@ -1,4 +1,4 @@
-#include "process.hpp"
+#include "fs/process.hpp"
 
 #include <pthread.h>
 #include <unistd.h>
