@@ -29,6 +29,8 @@
 #include "device/aligned_buffer.hpp"
 #include "fs/beneath.hpp"
 #include "io/block_io.hpp"
+#include "io/ring.hpp"
+#include "io/worker_context.hpp"
 #include "device/cuda_runtime.hpp"
 #include "util/mpsc_queue.hpp"
 #include "io/posix_io.hpp"

@@ -7,6 +7,9 @@
 #include <atomic>
 #include <cerrno>
 
+#include <kvtier/error.hpp>
+
+#include "fs/beneath.hpp"
 #include "io/posix_io.hpp"
 #include "fs/process.hpp"
 
@@ -61,5 +64,32 @@ TmpWriter tmp_file_writer(const std::string& path) noexcept {
   if (::fcntl(fd.get(), F_OFD_GETLK, &lock) != 0) return TmpWriter::kUnknown;
   return lock.l_type == F_UNLCK ? TmpWriter::kGone : TmpWriter::kAlive;
 }
+
+std::vector<bool> regular_files_exist(const std::string& root_dir,
+                                      const std::vector<std::string>& paths) {
+  std::vector<bool> exist(paths.size(), false);
+  struct stat st;
+  if (root_dir.empty()) {
+    for (std::size_t i = 0; i < paths.size(); ++i)
+      exist[i] = ::lstat(paths[i].c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    return exist;
+  }
+  detail::RootDir root;
+  try {
+    root = detail::RootDir(root_dir, /*create=*/false, 0);
+  } catch (const SystemError&) {
+    return exist;  // no root, no blocks
+  }
+  std::string directory, name;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    if (root.split(paths[i], directory, name) != 0) continue;
+    detail::FileDescriptor dir;
+    if (root.open_directory(directory, /*create=*/false, 0, dir)) continue;
+    exist[i] =
+        ::fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+  }
+  return exist;
+}
+
 
 }  // namespace kvtier

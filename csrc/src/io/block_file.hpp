@@ -1,7 +1,7 @@
 #pragma once
 
-// The steps of a block operation that both engines share (psync in block_io.cpp, io_uring in
-// block_io_uring.cpp). Their bodies live in block_io.cpp.
+// The steps of a block operation that both I/O engines share (psync_engine.cpp,
+// io_uring_engine.cpp); block_file.cpp defines them.
 
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -15,6 +15,7 @@
 
 #include "io/block_io.hpp"
 #include "io/posix_io.hpp"
+#include "util/step_error.hpp"
 
 namespace kvtier::detail {
 
@@ -34,26 +35,6 @@ const std::vector<Segment>& in_place_payload(const BlockOp& op, std::vector<Segm
 
 /// The CRC32C of a payload's bytes, segment after segment.
 std::uint32_t payload_crc(const std::vector<Segment>& payload);
-
-/// A step that failed: errno-style code, the step's name and optional detail.
-struct StepError {
-  StepError() = default;
-  StepError(int error_value, const char* op, std::string detail = {})
-      : error(error_value), operation(op), message(std::move(detail)) {}
-  explicit operator bool() const noexcept { return error != 0; }
-
-  int error = 0;
-  const char* operation = "";
-  std::string message;
-};
-
-/// Copies the first `n` payload bytes between `segments` and `staging` in one piece, as the
-/// psync path copies each piece: host runs with memcpy, device runs as CUDA copies on the
-/// worker's stream queued after `ready` (the submitter's event; may be null), then waited
-/// for. A failure names the CUDA call (EIO); the stream is idle again when this returns.
-StepError copy_staged(const IoContext& ctx, WorkerContext& worker,
-                      const std::vector<Segment>& segments, unsigned char* staging, std::size_t n,
-                      bool to_staging, cuda::Event ready);
 
 /// The iovecs of a whole block file over the `header` page and host memory that goes in
 /// place (empty segments left out). With O_DIRECT, whose lengths are whole pages, a partial

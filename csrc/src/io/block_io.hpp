@@ -1,5 +1,9 @@
 #pragma once
 
+// The seam between the scheduler (engine/) and the I/O engines (psync_engine.cpp,
+// io_uring_engine.cpp): what a block operation reports, the engine-wide state block
+// operations share, and the one call a worker makes per batch (run_blocks).
+
 #include <sys/types.h>
 
 #include <cstddef>
@@ -10,10 +14,9 @@
 #include <kvtier/config.hpp>
 #include <kvtier/job.hpp>
 
-#include "fs/beneath.hpp"
 #include "device/cuda_runtime.hpp"
 #include "device/staging_pool.hpp"
-#include "io/ring.hpp"
+#include "fs/beneath.hpp"
 
 namespace kvtier::detail {
 
@@ -44,68 +47,15 @@ struct IoContext {
   IoEngine io_engine = IoEngine::kPsync;
 };
 
-/// What each worker owns, so the hot path allocates nothing: scratch pages, once it has moved
-/// device memory its own CUDA stream (so workers' copies overlap), and with the io_uring
-/// engine its own ring (made on the worker thread, the only one that submits to it).
-class WorkerContext {
- public:
-  explicit WorkerContext(const IoContext& ctx) : ctx_(ctx) {}
-  ~WorkerContext();
-  WorkerContext(const WorkerContext&) = delete;
-  WorkerContext& operator=(const WorkerContext&) = delete;
-
-  /// The worker's stream, created on first use. Returns 0 or a CUDA error.
-  cuda::Error stream(cuda::Stream& out);
-
-  /// The worker's io_uring, set up on first use; null with the psync engine, or when the
-  /// kernel refused this worker a ring (it then works with psync, like the engine's fallback).
-  Ring* ring() noexcept;
-
-  AlignedBuffer header{kHeaderSize};
-  AlignedBuffer tail{kAlignment};
-  /// With a ring: a header page and a tail page for each block of a batch.
-  AlignedBuffer batch_pages;
-
- private:
-  const IoContext& ctx_;
-  cuda::Stream stream_ = nullptr;
-  std::unique_ptr<Ring> ring_;
-  bool ring_tried_ = false;
-};
-
-/// Writes one block file (tmp file + rename). `ready` (may be null) is an event recorded on
-/// the submitter's stream: device memory is copied only after it. Never throws.
-BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                        cuda::Event ready) noexcept;
-
-/// Reads and verifies one block file into the op's memory. `ready` (may be null) is an event
-/// recorded on the submitter's stream: device memory is written only after it. Never throws.
-/// A file that fails verification is removed; the destination memory is then unspecified.
-BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                       cuda::Event ready) noexcept;
-
-// ThreadSanitizer tracks descriptors through the close() it intercepts and cannot see a close
-// the kernel does for the ring: another thread's reuse of the number looks like a race to it.
-// Under TSan a load's close runs synchronously, as the io_uring engine does for a close the
-// ring did not run; other builds close loaded files in the ring (stores always close here).
-#if defined(__SANITIZE_THREAD__)
-inline constexpr bool kRingClosesFiles = false;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-inline constexpr bool kRingClosesFiles = false;
-#else
-inline constexpr bool kRingClosesFiles = true;
-#endif
-#else
-inline constexpr bool kRingClosesFiles = true;
-#endif
+class WorkerContext;
 
 /// The largest number of blocks one call of run_blocks takes (a worker's batch).
 inline constexpr std::size_t kMaxBatchBlocks = 8;
 
 /// Runs `n` (at most kMaxBatchBlocks) blocks of one job, all loads or all stores, and sets
 /// `results[i]` for `ops[i]`. With a ring the blocks' operations reach the kernel in one
-/// submission (block_io_uring.cpp); without one they run one after another with psync.
+/// submission (io_uring_engine.cpp); without one they run one after another on the psync
+/// engine (psync_engine.cpp).
 /// Never throws.
 void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
                 const BlockOp* const* ops, std::size_t n, cuda::Event ready,
