@@ -10,8 +10,8 @@
 #include <kvtier/error.hpp>
 
 #include "fs/beneath.hpp"
-#include "io/posix_io.hpp"
 #include "fs/process.hpp"
+#include "io/posix_io.hpp"
 
 namespace kvtier {
 
@@ -90,6 +90,5 @@ std::vector<bool> regular_files_exist(const std::string& root_dir,
   }
   return exist;
 }
-
 
 }  // namespace kvtier

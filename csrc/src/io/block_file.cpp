@@ -109,7 +109,6 @@ BlockResult failure(int error, const char* operation, const std::string& path,
   return r;
 }
 
-
 // ---- opening ------------------------------------------------------------------------------
 
 bool locate(const IoContext& ctx, const std::string& path, bool create, Location& out,
@@ -169,7 +168,6 @@ FileDescriptor open_at(const IoContext& ctx, const Location& loc, const std::str
   }
 }
 
-
 // Renames without replacing an existing file, so the first writer of a key wins and later
 // ones become dedups: this is the store's only existence check. File systems without
 // RENAME_NOREPLACE (NFS) fall back to a look, then rename(): whatever is at the final name
@@ -201,8 +199,8 @@ int publish(int dir, const std::string& tmp, const std::string& final_name, bool
 // so a file that still has a link still has its name (an unlinked inode cannot be linked
 // again), and from the lock on no sweep removes it. NFS, which turns the unlink of a file
 // open on this host into a rename, is caught at the rename instead (store_block_impl).
-FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string& tmp,
-                          bool& direct, BlockResult& result) {
+FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string& tmp, bool& direct,
+                          BlockResult& result) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     tmp = tmp_file_name(loc.name);
     FileDescriptor fd =

@@ -37,7 +37,7 @@ struct BlockResult {
 /// Engine-wide, read-only state the block operations share.
 struct IoContext {
   const EngineConfig* config = nullptr;
-  bool direct = false;           ///< open block files with O_DIRECT
+  bool direct = false;            ///< open block files with O_DIRECT
   const RootDir* root = nullptr;  ///< block paths must lie below it; resolved from it
   mode_t directory_mode = 0700;   ///< for directories created on the way to a block
   StagingPool* staging = nullptr;

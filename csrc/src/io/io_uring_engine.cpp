@@ -96,7 +96,6 @@ inline constexpr bool kRingClosesFiles = true;
 inline constexpr bool kRingClosesFiles = true;
 #endif
 
-
 enum class Disposition { kDone, kQueued, kPsync };
 
 struct Block {
@@ -119,9 +118,9 @@ struct Block {
   // held until its completion is reaped (and, for a load, copied out).
   bool staged = false;
   std::optional<StagingPool::Lease> lease;
-  bool verified = false;  // a staged load that verified in the lease and was copied out
-  StepError copy_error;   // ... or whose copy out failed
-  std::size_t want = 0;   // bytes the read or write must move
+  bool verified = false;      // a staged load that verified in the lease and was copied out
+  StepError copy_error;       // ... or whose copy out failed
+  std::size_t want = 0;       // bytes the read or write must move
   bool written_here = false;  // a store's write made by the worker (write_what_would_block)
   int res[kSteps] = {};
 };
@@ -351,8 +350,7 @@ void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
     }
   }
   b.lock_holder.reset();
-  if (config.durability == Durability::kFull && !already_there &&
-      ::fsync(b.loc.dir.get()) != 0) {
+  if (config.durability == Durability::kFull && !already_there && ::fsync(b.loc.dir.get()) != 0) {
     *b.out = failure(errno, "fsync", b.loc.dir_path);
     b.out->o_direct_fallback = b.fell_back;
     return;
@@ -402,8 +400,9 @@ void unstage_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
   const unsigned char* payload = b.lease->data() + kHeaderSize;
   const std::size_t total = b.op->payload_length();
   if (!verifies(ctx, b, [&] { return crc32c(payload, total); })) return;
-  b.copy_error = copy_staged(ctx.cuda, worker.stream, *b.payload, b.lease->data() + kHeaderSize, total,
-                             /*to_staging=*/false, ready);
+  b.copy_error =
+      copy_staged(ctx.cuda, worker.stream, *b.payload, b.lease->data() + kHeaderSize, total,
+                  /*to_staging=*/false, ready);
   b.verified = !b.copy_error;
 }
 

@@ -186,7 +186,7 @@ ReadOutcome read_in_place(const IoContext& ctx, WorkerContext& worker, int fd, b
   ReadOutcome out;
   std::size_t tail = 0;
   std::vector<iovec> iov = file_iov(worker.header.data(), worker.tail.data(), payload, direct,
-                                     /*store=*/false, tail);
+                                    /*store=*/false, tail);
   const std::size_t total = op.payload_length();
   const std::size_t want = kHeaderSize + total - tail + (tail > 0 ? kAlignment : 0);
   std::size_t got = 0;
@@ -238,8 +238,8 @@ ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, c
     const std::size_t n = std::min(lease.size(), total - done);
     const std::size_t padded = align_up(n);
     if (done > 0) {
-      if (int e = preadv_full(fd, {{lease.data(), padded}},
-                              static_cast<off_t>(kHeaderSize + done), got)) {
+      if (int e = preadv_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done),
+                              got)) {
         out.error = {e, "pread"};
         return out;
       }
