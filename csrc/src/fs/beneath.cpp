@@ -56,6 +56,28 @@ int openat_directory(int dir, const char* name, int& fd) noexcept {
   }
 }
 
+// Opens directory `part` of `at`, never through a link; with `create`, a missing one is made
+// with exactly `mode` (mkdir applies the umask: the mode is made exact, as file_mode is for
+// files). The error's path is left for the caller to fill.
+PathError open_component(int at, const std::string& part, bool create, mode_t mode, int& fd) {
+  bool made = false;
+  int e = openat_directory(at, part.c_str(), fd);
+  if (e == ENOENT && create) {
+    if (::mkdirat(at, part.c_str(), mode) == 0)
+      made = true;
+    else if (errno != EEXIST)
+      return {errno, "mkdir", {}};
+    e = openat_directory(at, part.c_str(), fd);
+  }
+  if (e != 0) return {e, "open", {}};
+  if (made && ::fchmod(fd, mode) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return {error, "chmod", {}};
+  }
+  return {};
+}
+
 }  // namespace
 
 void set_openat2_enabled(bool enabled) noexcept {
@@ -143,14 +165,14 @@ int RootDir::open_file(const std::string& directory, const std::string& name, in
 
 PathError RootDir::open_directory(const std::string& directory, bool create, mode_t mode,
                                   FileDescriptor& out) const {
-  int fd = -1;
   if (directory.empty()) {
-    fd = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
+    const int fd = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return {errno, "open", path_};
     out = FileDescriptor(fd);
     return {};
   }
   if (g_openat2.load(std::memory_order_relaxed)) {
+    int fd = -1;
     const int e = openat2_directory(fd_.get(), directory, fd);
     if (e == 0) {
       out = FileDescriptor(fd);
@@ -163,7 +185,12 @@ PathError RootDir::open_directory(const std::string& directory, bool create, mod
       return {e, "open", absolute(directory)};
     }
   }
-  // One component at a time, never through a link; missing ones are made when creating.
+  return walk_directory(directory, create, mode, out);
+}
+
+// One component at a time, never through a link; missing ones are made when creating.
+PathError RootDir::walk_directory(const std::string& directory, bool create, mode_t mode,
+                                  FileDescriptor& out) const {
   FileDescriptor current;
   int at = fd_.get();
   std::string done;
@@ -174,20 +201,13 @@ PathError RootDir::open_directory(const std::string& directory, bool create, mod
     const std::string part = directory.substr(pos, slash - pos);
     pos = slash + 1;
     done += done.empty() ? part : "/" + part;
-    bool made = false;
-    int e = openat_directory(at, part.c_str(), fd);
-    if (e == ENOENT && create) {
-      if (::mkdirat(at, part.c_str(), mode) == 0)
-        made = true;
-      else if (errno != EEXIST)
-        return {errno, "mkdir", absolute(done)};
-      e = openat_directory(at, part.c_str(), fd);
+    int fd = -1;
+    if (PathError e = open_component(at, part, create, mode, fd)) {
+      e.path = absolute(done);
+      return e;
     }
-    if (e != 0) return {e, "open", absolute(done)};
     current = FileDescriptor(fd);
     at = fd;
-    // mkdir applies the umask: the mode is made exact, as file_mode is for files.
-    if (made && ::fchmod(fd, mode) != 0) return {errno, "chmod", absolute(done)};
   }
   out = std::move(current);
   return {};

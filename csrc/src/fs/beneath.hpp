@@ -56,6 +56,10 @@ class RootDir {
   std::string absolute(const std::string& directory, const std::string& name = {}) const;
 
  private:
+  // open_directory() component by component (no openat2, or missing directories to make).
+  PathError walk_directory(const std::string& directory, bool create, mode_t mode,
+                           FileDescriptor& out) const;
+
   std::string path_;
   FileDescriptor fd_;
 };

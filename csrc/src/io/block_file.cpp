@@ -221,4 +221,85 @@ FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string
   result = failure(ENOENT, "lock", loc.path_of(tmp), "tmp file removed by another process");
   return {};
 }
+void BlockFile::discard_tmp() noexcept {
+  fd.reset();
+  ::unlinkat(loc.dir.get(), tmp.c_str(), 0);
+  lock_holder.reset();
+}
+
+BlockResult BlockFile::fail_store(int error, const char* operation, std::string message) {
+  discard_tmp();
+  BlockResult r = failure(error, operation, loc.path_of(tmp), std::move(message));
+  r.o_direct_fallback = fell_back;
+  return r;
+}
+
+bool open_tmp(const IoContext& ctx, const BlockOp& op, BlockFile& file, BlockResult& result) {
+  if (!locate(ctx, op.path, /*create=*/true, file.loc, result)) return false;
+  file.direct = ctx.direct;
+  file.fd = create_tmp(ctx, file.loc, file.tmp, file.direct, result);
+  if (!file.fd) return false;
+  file.fell_back = result.o_direct_fallback;
+  // open() applies the process umask, which may change at any time and usually strips group
+  // and other bits: fchmod makes such a file_mode exact (reading the umask would mean setting
+  // it, racing other threads' file creation). Owner-only modes pass any usual umask intact.
+  const mode_t mode = ctx.config->file_mode;
+  if ((mode & 077) != 0 && ::fchmod(file.fd.get(), mode) != 0) {
+    result = file.fail_store(errno, "fchmod");
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+// Where another writer's rename won: only a block file makes a store redundant; anything else
+// in its place is a failure, never a success reported forever.
+bool dedup_target_is_a_block(const BlockFile& file, const BlockOp& op, BlockResult& result) {
+  struct stat st;
+  if (::fstatat(file.loc.dir.get(), file.loc.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      !S_ISREG(st.st_mode)) {
+    result = not_regular(op.path, st.st_mode);
+    result.o_direct_fallback = file.fell_back;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+BlockResult publish_tmp(const IoContext& ctx, const BlockOp& op, BlockFile& file, bool& vanished) {
+  vanished = false;
+  if (!file.lock_holder) {
+    file.lock_holder = FileDescriptor(::fcntl(file.fd.get(), F_DUPFD_CLOEXEC, 0));
+    if (!file.lock_holder) return file.fail_store(errno, "dup");
+  }
+  if (int e = file.fd.close_checked()) return file.fail_store(e, "close");
+  bool already_there = false;
+  if (int e = publish(file.loc.dir.get(), file.tmp, file.loc.name, already_there)) {
+    vanished = e == ENOENT;
+    return file.fail_store(e, "rename");
+  }
+  BlockResult result;
+  if (already_there) {
+    ::unlinkat(file.loc.dir.get(), file.tmp.c_str(), 0);
+    if (!dedup_target_is_a_block(file, op, result)) {
+      file.lock_holder.reset();
+      return result;
+    }
+  }
+  file.lock_holder.reset();
+  if (ctx.config->durability == Durability::kFull && !already_there &&
+      ::fsync(file.loc.dir.get()) != 0) {
+    result = failure(errno, "fsync", file.loc.dir_path);
+    result.o_direct_fallback = file.fell_back;
+    return result;
+  }
+  // A dedup moved no bytes to storage: the tier's capacity ledger counts only new files.
+  result.bytes = already_there ? 0 : op.payload_length();
+  result.dedup = already_there;
+  result.o_direct_fallback = file.fell_back;
+  return result;
+}
+
 }  // namespace kvtier::detail

@@ -88,4 +88,40 @@ int publish(int dir, const std::string& tmp, const std::string& final_name, bool
 FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string& tmp, bool& direct,
                           BlockResult& result);
 
+/// The files of one block operation: the block's directory and name, the descriptor in use
+/// and, for a store, its tmp file's name and a duplicate of the descriptor that holds the
+/// writer's OFD lock (which lives as long as the open file description) from the close that
+/// reports write-back errors until the tmp name is gone.
+struct BlockFile {
+  Location loc;
+  std::string tmp;
+  FileDescriptor fd;
+  FileDescriptor lock_holder;
+  bool direct = false;     ///< opened with O_DIRECT
+  bool fell_back = false;  ///< O_DIRECT was refused and the file opened buffered instead
+
+  /// Removes the tmp file and closes the descriptors; the lock goes last, once the name is
+  /// gone, so a sweep never sees an unlocked tmp file of a live writer.
+  void discard_tmp() noexcept;
+  /// A failed store step: discard_tmp(), and the failure, naming the tmp file.
+  BlockResult fail_store(int error, const char* operation, std::string message = {});
+};
+
+/// The start of every store: the block's directory (created as needed), this writer's locked
+/// tmp file in it, opened with O_DIRECT where the engine uses it (falling back where allowed),
+/// and its mode made exact. No existence check comes first: the tier cannot know a key is new
+/// (other processes and hosts share the root), so publish() detects a duplicate anyway, and
+/// engines store what their lookup found missing; a duplicate costs one wasted write instead
+/// of every store costing a stat. On failure fills `result` and returns false.
+bool open_tmp(const IoContext& ctx, const BlockOp& op, BlockFile& file, BlockResult& result);
+
+/// The end of every store whose bytes are written (and synced, with durability): closes the
+/// tmp file (a close reports deferred write errors, which must stop the publication), renames
+/// it into place without replacing (a block already there makes the store a dedup, anything
+/// else there a failure), and with Durability::kFull syncs the directory. Any failure removes
+/// the tmp file. `vanished`: the tmp name was gone at the rename although the file was linked
+/// when created (on NFS a sweep's unlink of a file open on this host is a silly rename);
+/// the caller may write the block again under a new name.
+BlockResult publish_tmp(const IoContext& ctx, const BlockOp& op, BlockFile& file, bool& vanished);
+
 }  // namespace kvtier::detail

@@ -102,11 +102,7 @@ struct Block {
   const BlockOp* op = nullptr;
   BlockResult* out = nullptr;
   Disposition how = Disposition::kDone;
-  Location loc;
-  std::string tmp;
-  FileDescriptor fd, lock_holder;
-  bool direct = false;
-  bool fell_back = false;
+  BlockFile file;  // the block's directory, descriptor and (stores) tmp file
   // In place: the host memory the iovecs cover. Staged: the segments the lease is gathered
   // from or scattered to.
   const std::vector<Segment>* payload = nullptr;
@@ -167,7 +163,7 @@ Disposition route(const IoContext& ctx, Block& b) {
 // read into the same pieces.
 void lay_out(Block& b, unsigned char* header, unsigned char* tail, bool is_load) {
   b.header = header;
-  b.iov = file_iov(header, tail, *b.payload, b.direct, !is_load, b.tail);
+  b.iov = file_iov(header, tail, *b.payload, b.file.direct, !is_load, b.tail);
   b.want = 0;
   for (const iovec& v : b.iov) b.want += v.iov_len;
 }
@@ -185,7 +181,7 @@ void queue_data(const IoContext& ctx, Ring& ring, Block& b, unsigned index, bool
                           lease.size())) {
       io_uring_sqe* sqe =
           next_sqe(ring, index, kData, is_load ? IORING_OP_READ_FIXED : IORING_OP_WRITE_FIXED,
-                   b.fd.get(), flags);
+                   b.file.fd.get(), flags);
       sqe->addr = reinterpret_cast<__u64>(lease.data());
       sqe->len = static_cast<__u32>(b.want);  // a registered buffer is at most 1 GiB
       sqe->buf_index = static_cast<__u16>(lease.index());
@@ -193,8 +189,8 @@ void queue_data(const IoContext& ctx, Ring& ring, Block& b, unsigned index, bool
       return;
     }
   }
-  io_uring_sqe* sqe =
-      next_sqe(ring, index, kData, is_load ? IORING_OP_READV : IORING_OP_WRITEV, b.fd.get(), flags);
+  io_uring_sqe* sqe = next_sqe(ring, index, kData, is_load ? IORING_OP_READV : IORING_OP_WRITEV,
+                               b.file.fd.get(), flags);
   sqe->addr = reinterpret_cast<__u64>(b.iov.data());
   sqe->len = static_cast<__u32>(b.iov.size());
   sqe->rw_flags = rw_flags;
@@ -215,18 +211,9 @@ bool verifies(const IoContext& ctx, const Block& b, Crc&& crc) {
 
 // ---- store ----------------------------------------------------------------------------------
 
-// Drops everything a store made (the tmp file, its descriptors), as the psync path does on a
-// failure. The lock holder goes last: the name is gone before the lock is released.
-void discard_tmp(Block& b) noexcept {
-  b.fd.reset();
-  ::unlinkat(b.loc.dir.get(), b.tmp.c_str(), 0);
-  b.lock_holder.reset();
-}
-
+// A failed store step: the tmp file goes, as on the psync path.
 void fail_store(Block& b, int error, const char* operation, std::string message = {}) {
-  discard_tmp(b);
-  *b.out = failure(error, operation, b.loc.path_of(b.tmp), std::move(message));
-  b.out->o_direct_fallback = b.fell_back;
+  *b.out = b.file.fail_store(error, operation, std::move(message));
 }
 
 // A staged store's file image in its lease: the payload gathered after the header page (device
@@ -250,23 +237,13 @@ Disposition prepare_store(const IoContext& ctx, WorkerContext& worker, Ring& rin
   const BlockOp& op = *b.op;
   const EngineConfig& config = *ctx.config;
   if (route(ctx, b) == Disposition::kPsync) return Disposition::kPsync;
-  BlockResult& result = *b.out;
-  if (!locate(ctx, op.path, /*create=*/true, b.loc, result)) return Disposition::kDone;
-  // No existence check first: like the psync path, the rename (RENAME_NOREPLACE) finds a
-  // block already there, at the price of one wasted write for a duplicate store.
-  b.direct = ctx.direct;
-  b.fd = create_tmp(ctx, b.loc, b.tmp, b.direct, result);
-  if (!b.fd) return Disposition::kDone;
-  b.fell_back = result.o_direct_fallback;
-  // See store_block_impl: fchmod makes a group/other file_mode exact whatever the umask.
-  if ((config.file_mode & 077) != 0 && ::fchmod(b.fd.get(), config.file_mode) != 0) {
-    fail_store(b, errno, "fchmod");
-    return Disposition::kDone;
-  }
+  // As on the psync path (open_tmp): no existence check first; the rename finds a block
+  // already there, at the price of one wasted write for a duplicate store.
+  if (!open_tmp(ctx, op, b.file, *b.out)) return Disposition::kDone;
   // `fd` is closed before the rename (a close reports deferred write errors, which must stop
   // the publish); the OFD lock lives on in this duplicate until the tmp name is gone.
-  b.lock_holder = FileDescriptor(::fcntl(b.fd.get(), F_DUPFD_CLOEXEC, 0));
-  if (!b.lock_holder) {
+  b.file.lock_holder = FileDescriptor(::fcntl(b.file.fd.get(), F_DUPFD_CLOEXEC, 0));
+  if (!b.file.lock_holder) {
     fail_store(b, errno, "dup");
     return Disposition::kDone;
   }
@@ -288,7 +265,7 @@ Disposition prepare_store(const IoContext& ctx, WorkerContext& worker, Ring& rin
   // RWF_NOWAIT: see the top of this file.
   queue_data(ctx, ring, b, index, /*is_load=*/false, data_sync ? IOSQE_IO_LINK : 0, RWF_NOWAIT);
   if (data_sync) {
-    io_uring_sqe* sqe = next_sqe(ring, index, kSync, IORING_OP_FSYNC, b.fd.get(), 0);
+    io_uring_sqe* sqe = next_sqe(ring, index, kSync, IORING_OP_FSYNC, b.file.fd.get(), 0);
     sqe->fsync_flags = IORING_FSYNC_DATASYNC;
   }
   return Disposition::kQueued;
@@ -302,63 +279,38 @@ void write_what_would_block(const IoContext& ctx, Block& b) noexcept {
   if (b.res[kData] != -EAGAIN && b.res[kData] != -EOPNOTSUPP) return;
   // Moved, not copied: nothing reads the iovecs after this write, and a copy could throw
   // (run_blocks, which calls this, is noexcept).
-  if (int e = pwritev_full(b.fd.get(), std::move(b.iov), 0)) {
+  if (int e = pwritev_full(b.file.fd.get(), std::move(b.iov), 0)) {
     b.res[kData] = -e;
     return;
   }
   b.written_here = true;
   if (ctx.config->durability != Durability::kNone)
-    b.res[kSync] = ::fdatasync(b.fd.get()) == 0 ? 0 : -errno;
+    b.res[kSync] = ::fdatasync(b.file.fd.get()) == 0 ? 0 : -errno;
 }
 
 void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Event ready) {
-  const EngineConfig& config = *ctx.config;
   const int* res = b.res;
   if (!b.written_here) {
     const int written = res[kData];
     if (written < 0 && written != -EINTR) return fail_store(b, -written, "pwrite");
     if (written < 0 || static_cast<std::size_t>(written) < b.want) {
       // What pwritev_full would retry: start over on the psync path with a fresh tmp file.
-      discard_tmp(b);
+      b.file.discard_tmp();
       *b.out = store_block(ctx, worker, *b.op, ready);
-      b.out->o_direct_fallback |= b.fell_back;
+      b.out->o_direct_fallback |= b.file.fell_back;
       return;
     }
   }
-  if (config.durability != Durability::kNone && res[kSync] < 0)
+  if (ctx.config->durability != Durability::kNone && res[kSync] < 0)
     return fail_store(b, -res[kSync], "fdatasync");
-  if (int e = b.fd.close_checked()) return fail_store(b, e, "close");
-  bool already_there = false;
-  if (int e = publish(b.loc.dir.get(), b.tmp, b.loc.name, already_there)) {
-    if (e != ENOENT) return fail_store(b, e, "rename");
-    // The tmp name vanished while the file stayed linked (a sweep's unlink of an open file
-    // on NFS is a silly rename): the psync path writes the block again under a new name.
-    discard_tmp(b);
+  bool vanished = false;
+  *b.out = publish_tmp(ctx, *b.op, b.file, vanished);
+  if (vanished) {
+    // The tmp name went although the file stayed linked (see publish_tmp): the psync path
+    // writes the block again under a new name.
     *b.out = store_block(ctx, worker, *b.op, ready);
-    b.out->o_direct_fallback |= b.fell_back;
-    return;
+    b.out->o_direct_fallback |= b.file.fell_back;
   }
-  if (already_there) {
-    ::unlinkat(b.loc.dir.get(), b.tmp.c_str(), 0);
-    struct stat st;
-    if (::fstatat(b.loc.dir.get(), b.loc.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-        !S_ISREG(st.st_mode)) {
-      *b.out = not_regular(b.op->path, st.st_mode);
-      b.out->o_direct_fallback = b.fell_back;
-      b.lock_holder.reset();
-      return;
-    }
-  }
-  b.lock_holder.reset();
-  if (config.durability == Durability::kFull && !already_there && ::fsync(b.loc.dir.get()) != 0) {
-    *b.out = failure(errno, "fsync", b.loc.dir_path);
-    b.out->o_direct_fallback = b.fell_back;
-    return;
-  }
-  *b.out = BlockResult{};
-  b.out->bytes = already_there ? 0 : b.op->payload_length();  // a dedup moved no bytes
-  b.out->dedup = already_there;
-  b.out->o_direct_fallback = b.fell_back;
 }
 
 // ---- load -----------------------------------------------------------------------------------
@@ -368,15 +320,15 @@ Disposition prepare_load(const IoContext& ctx, Ring& ring, Block& b, unsigned in
   const BlockOp& op = *b.op;
   if (route(ctx, b) == Disposition::kPsync) return Disposition::kPsync;
   BlockResult& result = *b.out;
-  if (!locate(ctx, op.path, /*create=*/false, b.loc, result)) return Disposition::kDone;
-  b.direct = ctx.direct;
+  if (!locate(ctx, op.path, /*create=*/false, b.file.loc, result)) return Disposition::kDone;
+  b.file.direct = ctx.direct;
   // O_NONBLOCK and the fstat below: see load_block_impl (a FIFO must never hang a worker).
-  b.fd = open_at(ctx, b.loc, b.loc.name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, b.direct,
-                 result);
-  if (!b.fd) return Disposition::kDone;
-  b.fell_back = result.o_direct_fallback;
+  b.file.fd = open_at(ctx, b.file.loc, b.file.loc.name,
+                      O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, b.file.direct, result);
+  if (!b.file.fd) return Disposition::kDone;
+  b.file.fell_back = result.o_direct_fallback;
   struct stat st;
-  if (::fstat(b.fd.get(), &st) != 0) {
+  if (::fstat(b.file.fd.get(), &st) != 0) {
     result = failure(errno, "fstat", op.path);
     return Disposition::kDone;
   }
@@ -387,7 +339,7 @@ Disposition prepare_load(const IoContext& ctx, Ring& ring, Block& b, unsigned in
   if (!b.staged) lay_out(b, pages, pages + kHeaderSize, /*is_load=*/true);
   // A hard link: the close runs whatever the read did, so no descriptor outlives the batch.
   queue_data(ctx, ring, b, index, /*is_load=*/true, kRingClosesFiles ? IOSQE_IO_HARDLINK : 0);
-  if (kRingClosesFiles) next_sqe(ring, index, kClose, IORING_OP_CLOSE, b.fd.get(), 0);
+  if (kRingClosesFiles) next_sqe(ring, index, kClose, IORING_OP_CLOSE, b.file.fd.get(), 0);
   return Disposition::kQueued;
 }
 
@@ -409,18 +361,18 @@ void unstage_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
 void finish_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Event ready) {
   const BlockOp& op = *b.op;
   // Closed by the ring unless it never ran there; a read-only close has nothing to report.
-  if (b.res[kClose] != -ECANCELED) b.fd.release();
-  b.fd.reset();
+  if (b.res[kClose] != -ECANCELED) b.file.fd.release();
+  b.file.fd.reset();
   const int got = b.res[kData];
   if (got < 0 && got != -EINTR && got != -EAGAIN) {
     *b.out = failure(-got, "pread", op.path);
-    b.out->o_direct_fallback = b.fell_back;
+    b.out->o_direct_fallback = b.file.fell_back;
     return;
   }
   if (b.copy_error) {  // as read_segments reports a failed copy out of staging
     *b.out = failure(b.copy_error.error, b.copy_error.operation, op.path,
                      std::move(b.copy_error.message));
-    b.out->o_direct_fallback = b.fell_back;
+    b.out->o_direct_fallback = b.file.fell_back;
     return;
   }
   bool good = b.verified;
@@ -437,12 +389,12 @@ void finish_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Ev
     // A short read, EINTR/EAGAIN or a file that does not verify: the psync path reads it again
     // and decides (a truncated or corrupt file is then removed and reported as psync does).
     *b.out = load_block(ctx, worker, op, ready);
-    b.out->o_direct_fallback |= b.fell_back;
+    b.out->o_direct_fallback |= b.file.fell_back;
     return;
   }
   *b.out = BlockResult{};
   b.out->bytes = op.payload_length();
-  b.out->o_direct_fallback = b.fell_back;
+  b.out->o_direct_fallback = b.file.fell_back;
 }
 
 // Submits the queued chains and waits for every completion, filing results by user_data.
@@ -461,6 +413,57 @@ void complete(Ring& ring, Block* blocks, unsigned queued) noexcept {
   }
 }
 
+// Prepares block `i` of a batch: its chain is queued on the ring, or it is done (failed
+// before any I/O), or it goes to the psync path.
+void prepare(const IoContext& ctx, WorkerContext& worker, Ring& ring, bool is_load, Block& b,
+             unsigned i, cuda::Event ready) noexcept {
+  for (int& r : b.res) r = -ECANCELED;  // steps that were never queued
+  unsigned char* pages = worker.batch_pages.data() + i * kRingPagesPerBlock;
+  try {
+    b.how = is_load ? prepare_load(ctx, ring, b, i, pages)
+                    : prepare_store(ctx, worker, ring, b, i, pages, ready);
+  } catch (const std::bad_alloc&) {
+    // Nothing is queued before the last allocation of a prepare step; a tmp file it made
+    // goes (a load's descriptors close with the Block).
+    if (!is_load && b.file.fd) b.file.discard_tmp();
+    *b.out = failure(ENOMEM, is_load ? "load" : "store", b.op->path, "out of memory");
+    b.how = Disposition::kDone;
+  }
+}
+
+// Once the ring's completions are in: a store's write that would have blocked is made here,
+// a staged load is checked and copied out of its lease, and the lease goes back to the pool.
+void settle(const IoContext& ctx, WorkerContext& worker, bool is_load, Block& b,
+            cuda::Event ready) noexcept {
+  if (!is_load && b.how == Disposition::kQueued) write_what_would_block(ctx, b);
+  if (!b.lease) return;
+  if (is_load && b.how == Disposition::kQueued) {
+    try {
+      unstage_load(ctx, worker, b, ready);
+    } catch (const std::bad_alloc&) {
+      b.copy_error = StepError(ENOMEM, "load", "out of memory");
+    }
+  }
+  b.lease.reset();
+}
+
+// A block's result: from its ring completions, or from the psync path.
+void finish(const IoContext& ctx, WorkerContext& worker, bool is_load, Block& b,
+            cuda::Event ready) noexcept {
+  if (b.how == Disposition::kPsync) {
+    *b.out =
+        is_load ? load_block(ctx, worker, *b.op, ready) : store_block(ctx, worker, *b.op, ready);
+    return;
+  }
+  if (b.how != Disposition::kQueued) return;
+  try {
+    is_load ? finish_load(ctx, worker, b, ready) : finish_store(ctx, worker, b, ready);
+  } catch (const std::bad_alloc&) {
+    if (!is_load) b.file.discard_tmp();
+    *b.out = failure(ENOMEM, is_load ? "load" : "store", b.op->path, "out of memory");
+  }
+}
+
 }  // namespace
 
 void run_ring_batch(const IoContext& ctx, WorkerContext& worker, Ring& ring, bool is_load,
@@ -468,52 +471,15 @@ void run_ring_batch(const IoContext& ctx, WorkerContext& worker, Ring& ring, boo
                     BlockResult* results) noexcept {
   Block blocks[kMaxBatchBlocks];
   for (unsigned i = 0; i < n; ++i) {
-    Block& b = blocks[i];
-    b.op = ops[i];
-    b.out = &results[i];
-    for (int& r : b.res) r = -ECANCELED;  // steps that were never queued
-    unsigned char* pages = worker.batch_pages.data() + i * kRingPagesPerBlock;
-    try {
-      b.how = is_load ? prepare_load(ctx, ring, b, i, pages)
-                      : prepare_store(ctx, worker, ring, b, i, pages, ready);
-    } catch (const std::bad_alloc&) {
-      // Nothing is queued before the last allocation of a prepare step; a tmp file it made
-      // goes (a load's descriptors close with the Block).
-      if (!is_load && b.fd) discard_tmp(b);
-      results[i] = failure(ENOMEM, is_load ? "load" : "store", b.op->path, "out of memory");
-      b.how = Disposition::kDone;
-    }
+    blocks[i].op = ops[i];
+    blocks[i].out = &results[i];
+    prepare(ctx, worker, ring, is_load, blocks[i], i, ready);
   }
   // Each entry completes exactly once (cancelled ones too): wait for all of them.
   if (const unsigned sqes = ring.pending()) complete(ring, blocks, sqes);
   // Staging buffers go back before any block takes the psync path, which waits for one.
-  for (unsigned i = 0; i < n; ++i) {
-    Block& b = blocks[i];
-    if (!is_load && b.how == Disposition::kQueued) write_what_would_block(ctx, b);
-    if (!b.lease) continue;
-    if (is_load && b.how == Disposition::kQueued) {
-      try {
-        unstage_load(ctx, worker, b, ready);
-      } catch (const std::bad_alloc&) {
-        b.copy_error = StepError(ENOMEM, "load", "out of memory");
-      }
-    }
-    b.lease.reset();
-  }
-  for (unsigned i = 0; i < n; ++i) {
-    Block& b = blocks[i];
-    if (b.how == Disposition::kPsync) {
-      results[i] =
-          is_load ? load_block(ctx, worker, *b.op, ready) : store_block(ctx, worker, *b.op, ready);
-    } else if (b.how == Disposition::kQueued) {
-      try {
-        is_load ? finish_load(ctx, worker, b, ready) : finish_store(ctx, worker, b, ready);
-      } catch (const std::bad_alloc&) {
-        if (!is_load) discard_tmp(b);
-        results[i] = failure(ENOMEM, is_load ? "load" : "store", b.op->path, "out of memory");
-      }
-    }
-  }
+  for (unsigned i = 0; i < n; ++i) settle(ctx, worker, is_load, blocks[i], ready);
+  for (unsigned i = 0; i < n; ++i) finish(ctx, worker, is_load, blocks[i], ready);
 }
 
 }  // namespace kvtier::detail

@@ -83,83 +83,24 @@ namespace {
 BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                              cuda::Event ready, bool retry_vanished = true) {
   BlockResult result;
-  Location loc;
-  if (!locate(ctx, op.path, /*create=*/true, loc, result)) return result;
-  // No existence check before writing: the tier cannot know a key is new (other processes
-  // and hosts share the root), so publish() must detect a duplicate anyway, and engines
-  // store what their lookup found missing. A duplicate costs one wasted write instead of
-  // every store costing a stat.
-  const EngineConfig& config = *ctx.config;
-  std::string tmp;
-  bool direct = ctx.direct;
-  FileDescriptor fd = create_tmp(ctx, loc, tmp, direct, result);
-  if (!fd) return result;
-  const bool fell_back = result.o_direct_fallback;
-  // Holds the writer's lock (which lives as long as the open file description) from the
-  // close that reports write-back errors until the tmp name is gone.
-  FileDescriptor lock_holder;
-
+  BlockFile file;
+  if (!open_tmp(ctx, op, file, result)) return result;
   // From here on every failure removes the tmp file: nothing half-written is left behind.
-  auto fail = [&](int error, const char* operation, std::string message = {}) {
-    fd.reset();
-    ::unlinkat(loc.dir.get(), tmp.c_str(), 0);
-    lock_holder.reset();
-    BlockResult r = failure(error, operation, loc.path_of(tmp), std::move(message));
-    r.o_direct_fallback = fell_back;
-    return r;
-  };
-
-  // open() applies the process umask, which may change at any time and usually strips group
-  // and other bits: fchmod makes such a file_mode exact (reading the umask would mean setting
-  // it, racing other threads' file creation). Owner-only modes pass any usual umask intact.
-  if ((config.file_mode & 077) != 0 && ::fchmod(fd.get(), config.file_mode) != 0)
-    return fail(errno, "fchmod");
   std::vector<Segment> scratch;
-  const std::vector<Segment>* staged = staged_segments(op, direct, scratch);
-  StepError written =
-      staged ? write_segments(ctx, worker, fd.get(), op, *staged, ready)
-             : write_in_place(ctx, worker, fd.get(), op, in_place_payload(op, scratch), direct);
-  if (written) return fail(written.error, written.operation, std::move(written.message));
-  if (config.durability != Durability::kNone && ::fdatasync(fd.get()) != 0)
-    return fail(errno, "fdatasync");
-  lock_holder = FileDescriptor(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
-  if (!lock_holder) return fail(errno, "dup");
-  if (int e = fd.close_checked()) return fail(e, "close");
-  bool already_there = false;
-  if (int e = publish(loc.dir.get(), tmp, loc.name, already_there)) {
-    // The tmp name is gone although create_tmp() found the file linked: on NFS a sweep's
-    // unlink of a file open on this host is a "silly rename", which keeps it linked under
-    // another name. Write the block again under a new name, once.
-    if (e == ENOENT && retry_vanished) {
-      lock_holder.reset();
-      return store_block_impl(ctx, worker, op, ready, /*retry_vanished=*/false);
-    }
-    return fail(e, "rename");
-  }
-  if (already_there) {
-    ::unlinkat(loc.dir.get(), tmp.c_str(), 0);
-    // Only a block file makes a store redundant: anything else in its place is a failure,
-    // never a success reported forever.
-    struct stat st;
-    if (::fstatat(loc.dir.get(), loc.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-        !S_ISREG(st.st_mode)) {
-      BlockResult r = not_regular(op.path, st.st_mode);
-      r.o_direct_fallback = fell_back;
-      return r;
-    }
-  }
-  lock_holder.reset();
-  if (config.durability == Durability::kFull && !already_there && ::fsync(loc.dir.get()) != 0) {
-    BlockResult r = failure(errno, "fsync", loc.dir_path);
-    r.o_direct_fallback = fell_back;
-    return r;
-  }
-  BlockResult r;
-  // A dedup moved no bytes to storage: the tier's capacity ledger counts only new files.
-  r.bytes = already_there ? 0 : op.payload_length();
-  r.dedup = already_there;
-  r.o_direct_fallback = fell_back;
-  return r;
+  const std::vector<Segment>* staged = staged_segments(op, file.direct, scratch);
+  StepError written = staged ? write_segments(ctx, worker, file.fd.get(), op, *staged, ready)
+                             : write_in_place(ctx, worker, file.fd.get(), op,
+                                              in_place_payload(op, scratch), file.direct);
+  if (written) return file.fail_store(written.error, written.operation, std::move(written.message));
+  if (ctx.config->durability != Durability::kNone && ::fdatasync(file.fd.get()) != 0)
+    return file.fail_store(errno, "fdatasync");
+  bool vanished = false;
+  result = publish_tmp(ctx, op, file, vanished);
+  // The tmp name went although the file was linked: write the block again under a new name,
+  // once (see publish_tmp).
+  if (vanished && retry_vanished)
+    return store_block_impl(ctx, worker, op, ready, /*retry_vanished=*/false);
+  return result;
 }
 
 // ---- load ---------------------------------------------------------------------------------

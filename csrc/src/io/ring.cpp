@@ -197,36 +197,47 @@ io_uring_sqe* Ring::get_sqe() noexcept {
   return sqe;
 }
 
-int Ring::submit_and_wait(unsigned wait) noexcept {
+// Moves every entry taken since the last call into the submission array, through the test
+// seam when one is set, and publishes the new tail. Returns how many the kernel has not yet
+// consumed.
+unsigned Ring::publish_entries() noexcept {
   const SubmitFilter filter = g_filter.load(std::memory_order_acquire);
   unsigned tail = *sq_tail_;
   bool cancel_next = false;
   for (; sqe_head_ != sqe_tail_; ++sqe_head_, ++tail) {
     io_uring_sqe& sqe = sqes_[sqe_head_ & sq_mask_];
-    int result = 0;
     if (cancel_next) {
       inject(sqe, -ECANCELED);  // breaks the rest of the chain, as the kernel would
       cancel_next = false;
-    } else if (filter != nullptr &&
-               filter(sqe, result, g_filter_arg.load(std::memory_order_relaxed))) {
-      // A NOP with a byte count does not break a link, but a short read or write does: the
-      // kernel would cancel the next linked entry (and with it the rest of the chain).
-      const bool breaks_link =
-          (sqe.flags & IOSQE_IO_LINK) != 0 && (sqe.flags & IOSQE_IO_HARDLINK) == 0;
-      if (sqe.opcode == IORING_OP_CLOSE) {
-        // A close that reports an error has released the descriptor all the same: the real
-        // close runs (in its place in the chain) and only its result is rewritten.
-        rewrites_.push_back({sqe.user_data, result});
-        cancel_next = breaks_link;
-      } else {
-        cancel_next = result >= 0 && breaks_link && short_count(sqe, result);
-        inject(sqe, result);
-      }
+    } else if (filter != nullptr) {
+      cancel_next = apply_filter(filter, sqe);
     }
     sq_array_[tail & sq_mask_] = sqe_head_ & sq_mask_;
   }
   __atomic_store_n(sq_tail_, tail, __ATOMIC_RELEASE);
-  unsigned to_submit = tail - __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE);
+  return tail - __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE);
+}
+
+// The test seam for one entry. Returns whether the next entry of its chain must be cancelled.
+bool Ring::apply_filter(SubmitFilter filter, io_uring_sqe& sqe) noexcept {
+  int result = 0;
+  if (!filter(sqe, result, g_filter_arg.load(std::memory_order_relaxed))) return false;
+  // A NOP with a byte count does not break a link, but a short read or write does: the
+  // kernel would cancel the next linked entry (and with it the rest of the chain).
+  const bool breaks_link = (sqe.flags & IOSQE_IO_LINK) != 0 && (sqe.flags & IOSQE_IO_HARDLINK) == 0;
+  if (sqe.opcode == IORING_OP_CLOSE) {
+    // A close that reports an error has released the descriptor all the same: the real
+    // close runs (in its place in the chain) and only its result is rewritten.
+    rewrites_.push_back({sqe.user_data, result});
+    return breaks_link;
+  }
+  const bool cancel_next = result >= 0 && breaks_link && short_count(sqe, result);
+  inject(sqe, result);
+  return cancel_next;
+}
+
+int Ring::submit_and_wait(unsigned wait) noexcept {
+  unsigned to_submit = publish_entries();
   for (;;) {
     const unsigned flags = wait > 0 ? IORING_ENTER_GETEVENTS : 0;
     const int n = sys_enter(fd_, to_submit, wait, flags);

@@ -75,6 +75,8 @@ class Ring {
 
  private:
   void unmap() noexcept;
+  unsigned publish_entries() noexcept;
+  bool apply_filter(bool (*filter)(const io_uring_sqe&, int&, void*), io_uring_sqe& sqe) noexcept;
 
   int fd_ = -1;
   unsigned sq_entries_ = 0;
