@@ -42,24 +42,24 @@ py::object threads_to_python(unsigned n) {
 py::dict engine_defaults() {
   const kvtier::EngineConfig d;
   py::dict out;
-  out["n_read_threads"] = threads_to_python(d.n_read_threads);
-  out["n_write_threads"] = threads_to_python(d.n_write_threads);
-  out["o_direct"] = o_direct_to_python(d.o_direct);
-  out["checksum"] = kvtier::to_string(d.checksum);
-  out["durability"] = kvtier::to_string(d.durability);
-  out["file_mode"] = static_cast<unsigned>(d.file_mode);
-  out["fingerprint"] = py::bytes(d.fingerprint);
-  out["max_stores_in_flight_while_loading"] = d.max_stores_in_flight_while_loading;
-  out["staging_bytes_total"] = d.staging_bytes_total;
-  out["staging_buffer_bytes"] = d.staging_buffer_bytes;
-  out["use_cuda"] = d.use_cuda;
-  out["cuda_device"] = d.cuda_device;
-  out["numa_bind"] = d.numa_bind;
-  out["worker_nice"] = d.worker_nice;
-  out["completion_eventfd"] = d.completion_eventfd;
-  out["io_engine"] = kvtier::to_string(d.io_engine);
-  out["load_nice"] = d.load_nice;
-  out["store_cap_linger_ms"] = d.store_cap_linger_ms;
+  out["n_read_threads"] = threads_to_python(d.n_read_threads());
+  out["n_write_threads"] = threads_to_python(d.n_write_threads());
+  out["o_direct"] = o_direct_to_python(d.o_direct());
+  out["checksum"] = kvtier::to_string(d.checksum());
+  out["durability"] = kvtier::to_string(d.durability());
+  out["file_mode"] = static_cast<unsigned>(d.file_mode());
+  out["fingerprint"] = py::bytes(d.fingerprint());
+  out["max_stores_in_flight_while_loading"] = d.max_stores_in_flight_while_loading();
+  out["staging_bytes_total"] = d.staging_bytes_total();
+  out["staging_buffer_bytes"] = d.staging_buffer_bytes();
+  out["use_cuda"] = d.use_cuda();
+  out["cuda_device"] = d.cuda_device();
+  out["numa_bind"] = d.numa_bind();
+  out["worker_nice"] = d.worker_nice();
+  out["completion_eventfd"] = d.completion_eventfd();
+  out["io_engine"] = kvtier::to_string(d.io_engine());
+  out["load_nice"] = d.load_nice();
+  out["store_cap_linger_ms"] = d.store_cap_linger_ms();
   return out;
 }
 
@@ -155,56 +155,48 @@ py::dict stats_to_dict(const kvtier::EngineStats& s) {
                   "running_stores"_a = s.running_stores, "jobs_in_flight"_a = s.jobs_in_flight);
 }
 
+// Engine(root_dir, *, ...): the keyword arguments are EngineConfig's settings in Python's
+// spelling (ENGINE_DEFAULTS); the construction (which probes the root) runs without the GIL.
+std::unique_ptr<PyEngine> make_engine(
+    const std::string& root_dir, std::optional<unsigned> n_read_threads,
+    std::optional<unsigned> n_write_threads, const py::object& o_direct,
+    const std::string& checksum, const std::string& durability, unsigned file_mode,
+    const py::bytes& fingerprint, unsigned max_stores_in_flight_while_loading,
+    std::size_t staging_bytes_total, std::size_t staging_buffer_bytes, bool use_cuda,
+    int cuda_device, bool numa_bind, int worker_nice, bool completion_eventfd,
+    const std::string& io_engine, int load_nice, unsigned store_cap_linger_ms) {
+  kvtier::EngineConfig c;
+  // None: sized by the machine (kvtier::machine_thread_counts of root_dir).
+  c.set_root_dir(root_dir)
+      .set_n_read_threads(n_read_threads.value_or(kvtier::kMachineThreads))
+      .set_n_write_threads(n_write_threads.value_or(kvtier::kMachineThreads))
+      .set_o_direct(o_direct_from_python(o_direct))
+      .set_checksum(kvtier::parse_checksum(checksum))
+      .set_durability(kvtier::parse_durability(durability))
+      .set_file_mode(static_cast<mode_t>(file_mode))
+      .set_fingerprint(fingerprint)
+      .set_max_stores_in_flight_while_loading(max_stores_in_flight_while_loading)
+      .set_staging_bytes_total(staging_bytes_total)
+      .set_staging_buffer_bytes(staging_buffer_bytes)
+      .set_use_cuda(use_cuda)
+      .set_cuda_device(cuda_device)
+      .set_numa_bind(numa_bind)
+      .set_worker_nice(worker_nice)
+      .set_completion_eventfd(completion_eventfd)
+      .set_io_engine(kvtier::parse_io_engine(io_engine))
+      .set_load_nice(load_nice)
+      .set_store_cap_linger_ms(store_cap_linger_ms);
+  py::gil_scoped_release release;  // the O_DIRECT probe does I/O
+  return std::make_unique<PyEngine>(std::move(c));
+}
+
 }  // namespace
 
-void register_engine(py::module_& m) {
-  const py::dict defaults = engine_defaults();
-  m.attr("ENGINE_DEFAULTS") = defaults;
-  m.attr("ENGINE_LIMITS") = engine_limits();
-  const auto default_of = [&defaults](const char* name) {
-    return py::arg_v(name, py::object(defaults[name]));
-  };
+namespace {
 
-  py::class_<PyEngine>(m, "Engine", "Worker pool that stores and loads block files.")
-      .def(py::init([](const std::string& root_dir, std::optional<unsigned> n_read_threads,
-                       std::optional<unsigned> n_write_threads, const py::object& o_direct,
-                       const std::string& checksum, const std::string& durability,
-                       unsigned file_mode, const py::bytes& fingerprint,
-                       unsigned max_stores_in_flight_while_loading, std::size_t staging_bytes_total,
-                       std::size_t staging_buffer_bytes, bool use_cuda, int cuda_device,
-                       bool numa_bind, int worker_nice, bool completion_eventfd,
-                       const std::string& io_engine, int load_nice, unsigned store_cap_linger_ms) {
-             kvtier::EngineConfig c;
-             c.root_dir = root_dir;
-             // None: sized by the machine (kvtier::machine_thread_counts of root_dir).
-             c.n_read_threads = n_read_threads.value_or(kvtier::kMachineThreads);
-             c.n_write_threads = n_write_threads.value_or(kvtier::kMachineThreads);
-             c.o_direct = o_direct_from_python(o_direct);
-             c.checksum = kvtier::parse_checksum(checksum);
-             c.durability = kvtier::parse_durability(durability);
-             c.file_mode = static_cast<mode_t>(file_mode);
-             c.fingerprint = fingerprint;
-             c.max_stores_in_flight_while_loading = max_stores_in_flight_while_loading;
-             c.staging_bytes_total = staging_bytes_total;
-             c.staging_buffer_bytes = staging_buffer_bytes;
-             c.use_cuda = use_cuda;
-             c.cuda_device = cuda_device;
-             c.numa_bind = numa_bind;
-             c.worker_nice = worker_nice;
-             c.completion_eventfd = completion_eventfd;
-             c.io_engine = kvtier::parse_io_engine(io_engine);
-             c.load_nice = load_nice;
-             c.store_cap_linger_ms = store_cap_linger_ms;
-             py::gil_scoped_release release;  // the O_DIRECT probe does I/O
-             return std::make_unique<PyEngine>(std::move(c));
-           }),
-           "root_dir"_a = "", py::kw_only(), default_of("n_read_threads"),
-           default_of("n_write_threads"), default_of("o_direct"), default_of("checksum"),
-           default_of("durability"), default_of("file_mode"), default_of("fingerprint"),
-           default_of("max_stores_in_flight_while_loading"), default_of("staging_bytes_total"),
-           default_of("staging_buffer_bytes"), default_of("use_cuda"), default_of("cuda_device"),
-           default_of("numa_bind"), default_of("worker_nice"), default_of("completion_eventfd"),
-           default_of("io_engine"), default_of("load_nice"), default_of("store_cap_linger_ms"))
+// Engine's methods and properties (submission, completions, lifecycle, what it runs with).
+void def_engine_methods(py::class_<PyEngine>& engine) {
+  engine
       .def("keep_alive", &PyEngine::keep_alive, "buffers"_a,
            "Holds `buffers` (objects owning memory that block addresses point into) until the "
            "workers have stopped, whenever and however the engine goes; call it before "
@@ -245,11 +237,32 @@ void register_engine(py::module_& m) {
       .def_property_readonly("cuda_enabled", &kvtier::Engine::cuda_enabled)
       .def_property_readonly("numa_node", &kvtier::Engine::numa_node)
       .def_property_readonly(
-          "n_read_threads", [](const PyEngine& e) { return e.config().n_read_threads; },
+          "n_read_threads", [](const PyEngine& e) { return e.config().n_read_threads(); },
           "Load workers running (the machine-sized default resolved).")
       .def_property_readonly(
-          "n_write_threads", [](const PyEngine& e) { return e.config().n_write_threads; },
+          "n_write_threads", [](const PyEngine& e) { return e.config().n_write_threads(); },
           "Store-first workers running (the machine-sized default resolved).");
+}
+
+}  // namespace
+
+void register_engine(py::module_& m) {
+  const py::dict defaults = engine_defaults();
+  m.attr("ENGINE_DEFAULTS") = defaults;
+  m.attr("ENGINE_LIMITS") = engine_limits();
+  const auto default_of = [&defaults](const char* name) {
+    return py::arg_v(name, py::object(defaults[name]));
+  };
+
+  py::class_<PyEngine> engine(m, "Engine", "Worker pool that stores and loads block files.");
+  engine.def(py::init(&make_engine), "root_dir"_a = "", py::kw_only(), default_of("n_read_threads"),
+             default_of("n_write_threads"), default_of("o_direct"), default_of("checksum"),
+             default_of("durability"), default_of("file_mode"), default_of("fingerprint"),
+             default_of("max_stores_in_flight_while_loading"), default_of("staging_bytes_total"),
+             default_of("staging_buffer_bytes"), default_of("use_cuda"), default_of("cuda_device"),
+             default_of("numa_bind"), default_of("worker_nice"), default_of("completion_eventfd"),
+             default_of("io_engine"), default_of("load_nice"), default_of("store_cap_linger_ms"));
+  def_engine_methods(engine);
 }
 
 }  // namespace kvtier::python

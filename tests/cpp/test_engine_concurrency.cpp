@@ -286,7 +286,7 @@ KV_TEST(read_after_write_in_every_worker_configuration) {
   for (const auto& [readers, writers] : configs) {
     TempDir dir;
     EngineConfig config = kvtest::engine_config(dir, ODirectMode::kOff, readers, writers);
-    config.max_stores_in_flight_while_loading = 1;
+    config.set_max_stores_in_flight_while_loading(1);
     Engine engine(config);
     const int n = 40 * kScale;
     std::vector<std::vector<unsigned char>> sources, backs;

@@ -7,9 +7,12 @@
 #include <vector>
 
 #include <kvtier/config.hpp>
+#include <kvtier/export.hpp>
 #include <kvtier/job.hpp>
+#include <kvtier/version.hpp>
 
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 
 /// Counters since the engine started (a consistent-enough snapshot, not atomic as a whole).
 struct EngineStats {
@@ -40,7 +43,7 @@ struct EngineStats {
 /// engine and not yet finished waits (parked, without occupying a worker) until no store of
 /// that path is pending, then reads the file those stores left (or misses, when they failed).
 /// Paths are compared as strings.
-class Engine {
+class KVTIER_EXPORT Engine {
  public:
   /// Creates (with directory_mode(file_mode)) and opens config.root_dir, starts the workers
   /// and, for ODirectMode::kAuto / kOn, probes the root. Block paths must lie below the root.
@@ -112,12 +115,13 @@ class Engine {
 };
 
 /// Whether a CUDA runtime and at least one device are present in this process.
-bool cuda_available() noexcept;
+KVTIER_EXPORT bool cuda_available() noexcept;
 /// Why cuda_available() is false (empty when it is true).
-std::string cuda_unavailable_reason();
+KVTIER_EXPORT std::string cuda_unavailable_reason();
 
 /// Tries to create, O_DIRECT-write and read a probe file in `dir`.
 /// Returns an empty string when O_DIRECT works, else the reason it does not.
-std::string probe_o_direct(const std::string& dir);
+KVTIER_EXPORT std::string probe_o_direct(const std::string& dir);
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

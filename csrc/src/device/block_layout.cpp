@@ -6,6 +6,7 @@
 #include <string>
 
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 
 BlockLayout::BlockLayout(std::vector<Region> regions) : regions_(std::move(regions)) {
   if (regions_.empty()) throw std::invalid_argument("a block layout needs at least one region");
@@ -45,4 +46,5 @@ std::vector<Segment> BlockLayout::segments(std::size_t block) const {
   return out;
 }
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

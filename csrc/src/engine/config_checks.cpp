@@ -6,6 +6,8 @@
 #include <kvtier/format.hpp>
 #include <kvtier/thread_defaults.hpp>
 
+#include "engine/settings.hpp"
+
 namespace kvtier::detail {
 namespace {
 
@@ -13,7 +15,7 @@ namespace {
   throw std::invalid_argument(what);
 }
 
-void check_threads(const EngineConfig& c) {
+void check_threads(const EngineSettings& c) {
   if (c.n_read_threads + c.n_write_threads < limits::kMinThreadsTotal)
     refuse("n_read_threads + n_write_threads must be at least " +
            std::to_string(limits::kMinThreadsTotal));
@@ -22,7 +24,7 @@ void check_threads(const EngineConfig& c) {
            std::to_string(limits::kMaxThreads));
 }
 
-void check_staging(const EngineConfig& c) {
+void check_staging(const EngineSettings& c) {
   if (c.staging_buffer_bytes < limits::kStagingBufferMultiple ||
       c.staging_buffer_bytes % limits::kStagingBufferMultiple != 0)
     refuse("staging_buffer_bytes must be a positive multiple of " +
@@ -47,12 +49,12 @@ void check_file_mode(mode_t mode) {
 }  // namespace
 
 EngineConfig validated(EngineConfig config) {
-  if (config.n_read_threads == kMachineThreads || config.n_write_threads == kMachineThreads) {
-    const ThreadCounts machine = machine_thread_counts(config.root_dir);
-    if (config.n_read_threads == kMachineThreads) config.n_read_threads = machine.n_read_threads;
-    if (config.n_write_threads == kMachineThreads) config.n_write_threads = machine.n_write_threads;
+  EngineSettings& c = settings_of(config);
+  if (c.n_read_threads == kMachineThreads || c.n_write_threads == kMachineThreads) {
+    const ThreadCounts machine = machine_thread_counts(c.root_dir);
+    if (c.n_read_threads == kMachineThreads) c.n_read_threads = machine.n_read_threads;
+    if (c.n_write_threads == kMachineThreads) c.n_write_threads = machine.n_write_threads;
   }
-  const EngineConfig& c = config;
   check_threads(c);
   if (c.fingerprint.size() > kFingerprintSize)
     refuse("fingerprint must be at most " + std::to_string(kFingerprintSize) + " bytes");

@@ -22,6 +22,7 @@
 #include "engine/job.hpp"
 #include "engine/numa.hpp"
 #include "engine/scheduler.hpp"
+#include "engine/settings.hpp"
 #include "engine/worker.hpp"
 #include "fs/beneath.hpp"
 #include "fs/process.hpp"
@@ -29,14 +30,16 @@
 #include "io/ring.hpp"
 
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 
-struct Engine::Impl {
+struct KVTIER_HIDDEN Engine::Impl {
   // The process that started the workers. A child forked from it inherits this object but
   // none of its threads, and the mutexes below may have been held by threads that do not
   // exist there: see inherited().
   const pid_t owner = detail::current_pid();
 
   EngineConfig config;  // as validated, with the machine-sized defaults and the CUDA device
+  detail::EngineSettings& settings = detail::settings_of(config);  // config's, for the core
   detail::RootDir root;
   detail::StagingPool staging;
   bool direct = false;
@@ -54,7 +57,8 @@ struct Engine::Impl {
   std::vector<std::thread> workers;
 
   explicit Impl(EngineConfig cfg)
-      : config(std::move(cfg)), staging(config.staging_buffer_bytes, config.staging_bytes_total) {}
+      : config(std::move(cfg)),
+        staging(settings.staging_buffer_bytes, settings.staging_bytes_total) {}
 
   // Whether this is a forked child's copy: its workers never ran in this process, so nothing
   // may wait for them, or for a lock one of them might have held when the parent forked.
@@ -79,7 +83,7 @@ struct Engine::Impl {
 
 // Creates and opens the root and, unless O_DIRECT is off, probes it.
 void Engine::Impl::open_root() {
-  const EngineConfig& c = config;
+  const detail::EngineSettings& c = settings;
   root = detail::RootDir(c.root_dir, /*create=*/true, kvtier::directory_mode(c.file_mode));
   if (c.o_direct == ODirectMode::kOff) return;
   fallback_reason = probe_o_direct(c.root_dir);
@@ -89,7 +93,7 @@ void Engine::Impl::open_root() {
 }
 
 void Engine::Impl::choose_io_engine() {
-  const EngineConfig& c = config;
+  const detail::EngineSettings& c = settings;
   if (c.io_engine == IoEngine::kPsync) return;
   // The same answer the workers' rings will get: EPERM (sysctl kernel.io_uring_disabled,
   // seccomp), ENOSYS (no io_uring), EOPNOTSUPP (an opcode the block operations need).
@@ -107,7 +111,7 @@ void Engine::Impl::choose_io_engine() {
 // With use_cuda: the runtime, the device (the caller's current one by default), pinned
 // staging and, with numa_bind, the GPU's NUMA node.
 void Engine::Impl::start_cuda() {
-  EngineConfig& c = config;
+  detail::EngineSettings& c = settings;
   if (!c.use_cuda) return;
   cuda = detail::cuda::runtime();
   if (cuda == nullptr)
@@ -124,18 +128,18 @@ void Engine::Impl::start_cuda() {
 }
 
 void Engine::Impl::make_io_context() {
-  io.config = &config;
+  io.config = &settings;
   io.direct = direct;
   io.io_engine = io_engine;
   io.root = &root;
-  io.directory_mode = kvtier::directory_mode(config.file_mode);
+  io.directory_mode = kvtier::directory_mode(settings.file_mode);
   io.staging = &staging;
   io.cuda = cuda;
-  io.cuda_device = config.cuda_device;
+  io.cuda_device = settings.cuda_device;
 }
 
 detail::SchedulerOptions Engine::Impl::scheduler_options() const {
-  const EngineConfig& c = config;
+  const detail::EngineSettings& c = settings;
   detail::SchedulerOptions options;
   // Without load-first workers, store-first workers must leave room for loads themselves:
   // one fewer store than there are workers, so a waiting load gets the next free worker.
@@ -150,7 +154,7 @@ detail::SchedulerOptions Engine::Impl::scheduler_options() const {
 // n_read_threads load-first workers, then n_write_threads store-first ones. Load-first
 // workers run at load_nice unless they also take stores (no store-first worker exists).
 void Engine::Impl::start_workers() {
-  const EngineConfig& c = config;
+  const detail::EngineSettings& c = settings;
   for (unsigned i = 0; i < c.n_read_threads + c.n_write_threads; ++i) {
     detail::WorkerPlacement placement;
     placement.role = i >= c.n_read_threads    ? detail::WorkerRole::kStoreFirst
@@ -171,7 +175,7 @@ void Engine::Impl::start_workers() {
 void Engine::Impl::record_ready_event(detail::Job& job, void* cuda_stream) const {
   job.cuda = cuda;
   const detail::cuda::Error e = detail::cuda::record_event_on(
-      *cuda, config.cuda_device, static_cast<detail::cuda::Stream>(cuda_stream), job.ready);
+      *cuda, settings.cuda_device, static_cast<detail::cuda::Stream>(cuda_stream), job.ready);
   if (e != detail::cuda::kSuccess) {
     cuda->cudaGetLastError();
     throw std::runtime_error("cannot record the submitting stream's event: " +
@@ -185,7 +189,7 @@ Engine::Engine(EngineConfig config)
   s.open_root();
   s.choose_io_engine();
   s.start_cuda();
-  if (s.config.completion_eventfd) s.completions.open_eventfd();
+  if (s.settings.completion_eventfd) s.completions.open_eventfd();
   s.make_io_context();
   s.scheduler.emplace(s.scheduler_options(), s.completions);
   try {
@@ -290,4 +294,5 @@ std::string cuda_unavailable_reason() {
   return detail::cuda::unavailable_reason();
 }
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

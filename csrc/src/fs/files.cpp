@@ -14,6 +14,7 @@
 #include "io/posix_io.hpp"
 
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 
 mode_t directory_mode(mode_t file_mode) noexcept {
   return (file_mode | ((file_mode & 0444) >> 2)) & 0777;
@@ -91,4 +92,5 @@ std::vector<bool> regular_files_exist(const std::string& root_dir,
   return exist;
 }
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

@@ -16,6 +16,7 @@
 
 #include "device/cuda_runtime.hpp"
 #include "device/staging_pool.hpp"
+#include "engine/settings.hpp"
 #include "fs/beneath.hpp"
 
 namespace kvtier::detail {
@@ -36,10 +37,10 @@ struct BlockResult {
 
 /// Engine-wide, read-only state the block operations share.
 struct IoContext {
-  const EngineConfig* config = nullptr;
-  bool direct = false;            ///< open block files with O_DIRECT
-  const RootDir* root = nullptr;  ///< block paths must lie below it; resolved from it
-  mode_t directory_mode = 0700;   ///< for directories created on the way to a block
+  const EngineSettings* config = nullptr;  ///< the engine's (validated) settings
+  bool direct = false;                     ///< open block files with O_DIRECT
+  const RootDir* root = nullptr;           ///< block paths must lie below it; resolved from it
+  mode_t directory_mode = 0700;            ///< for directories created on the way to a block
   StagingPool* staging = nullptr;
   const cuda::Api* cuda = nullptr;  ///< set when device segments are allowed
   int cuda_device = 0;

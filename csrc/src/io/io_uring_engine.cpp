@@ -200,7 +200,7 @@ void queue_data(const IoContext& ctx, Ring& ring, Block& b, unsigned index, bool
 // the payload's bytes (`crc`, called only then) match it.
 template <typename Crc>
 bool verifies(const IoContext& ctx, const Block& b, Crc&& crc) {
-  const EngineConfig& config = *ctx.config;
+  const EngineSettings& config = *ctx.config;
   DecodedHeader decoded;
   if (!verify_header(b.header, b.op->key, config.fingerprint, b.op->payload_length(), decoded)
            .empty())
@@ -219,7 +219,7 @@ void fail_store(Block& b, int error, const char* operation, std::string message 
 // A staged store's file image in its lease: the payload gathered after the header page (device
 // runs copied after `ready`), zeros to the next page, and the header with the payload's CRC.
 StepError fill_lease(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Event ready) {
-  const EngineConfig& config = *ctx.config;
+  const EngineSettings& config = *ctx.config;
   unsigned char* image = b.lease->data();
   const std::size_t total = b.op->payload_length();
   if (StepError e = copy_staged(ctx.cuda, worker.stream, *b.payload, image + kHeaderSize, total,
@@ -235,7 +235,7 @@ StepError fill_lease(const IoContext& ctx, WorkerContext& worker, Block& b, cuda
 Disposition prepare_store(const IoContext& ctx, WorkerContext& worker, Ring& ring, Block& b,
                           unsigned index, unsigned char* pages, cuda::Event ready) {
   const BlockOp& op = *b.op;
-  const EngineConfig& config = *ctx.config;
+  const EngineSettings& config = *ctx.config;
   if (route(ctx, b) == Disposition::kPsync) return Disposition::kPsync;
   // As on the psync path (open_tmp): no existence check first; the rename finds a block
   // already there, at the price of one wasted write for a duplicate store.

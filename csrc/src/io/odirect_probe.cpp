@@ -12,6 +12,7 @@
 #include "io/posix_io.hpp"
 
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 namespace {
 
 // A full file system or quota. The probe's answer lasts the engine's life: concluding "no
@@ -62,4 +63,5 @@ std::string probe_o_direct(const std::string& dir) {
   return reason;
 }
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

@@ -231,7 +231,7 @@ bool remove_bad_file(const IoContext& ctx, const BlockOp& op, Location& loc,
 
 BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                             cuda::Event ready) {
-  const EngineConfig& config = *ctx.config;
+  const EngineSettings& config = *ctx.config;
   BlockResult result;
   Location loc;
   bool direct = ctx.direct;

@@ -13,6 +13,7 @@
 #endif
 
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 namespace {
 
 constexpr std::uint32_t kPolynomial = 0x82F63B78u;  // Castagnoli, reflected
@@ -159,4 +160,5 @@ bool crc32c_is_hardware() noexcept {
   return kHardware;
 }
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

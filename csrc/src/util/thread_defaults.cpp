@@ -8,6 +8,7 @@
 #include <fstream>
 
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 namespace {
 
 constexpr unsigned kMinPerDirection = 2;  // a second load can start while one is held up
@@ -62,4 +63,5 @@ ThreadCounts machine_thread_counts(const std::string& root_dir) noexcept {
   return default_thread_counts(usable_cores(), device_queue_depth(root_dir));
 }
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier
