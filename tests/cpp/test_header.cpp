@@ -1,4 +1,4 @@
-// The block header (csrc/src/header.hpp): what is encoded is verified, and every field that
+// The block header (csrc/src/io/block_header.hpp): what is encoded is verified, and every field that
 // can go wrong is caught with a message that says which.
 #include <cstring>
 #include <string>

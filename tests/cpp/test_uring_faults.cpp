@@ -233,7 +233,7 @@ bool record_filter(const io_uring_sqe& sqe, int&, void* arg) {
 }  // namespace
 
 // The ring carries a store's writev (with RWF_NOWAIT) and fdatasync only: close, rename and
-// the directory's fsync, which cost io-wq hand-offs on the ring (block_io_uring.cpp), are made
+// the directory's fsync, which cost io-wq hand-offs on the ring (io_uring_engine.cpp), are made
 // by the worker after the batch's writes. Their failures are tested through the LD_PRELOAD
 // interposer on both engines (tests/python/test_faults.py).
 KV_TEST(a_store_puts_only_its_write_and_data_sync_on_the_ring) {

@@ -19,7 +19,7 @@ namespace kvtier::detail {
 /// acquire() blocks while all buffers are lent out; the total never exceeds the cap.
 ///
 /// Each buffer has an index below max_buffers(), kept while it lives, and an id no other
-/// buffer of the process ever gets: an io_uring's fixed-buffer table (block_io_uring.cpp)
+/// buffer of the process ever gets: an io_uring's fixed-buffer table (io/io_uring_engine.cpp)
 /// holds buffer `index` in slot `index` and re-registers the slot when the id changes (a
 /// buffer freed and reallocated may come back at the same address on other pages).
 class StagingPool {

@@ -18,7 +18,10 @@ namespace kvtier::detail {
 /// job at submit, cancellation at shutdown); any number of them publish at once. The queue is
 /// lock-free (util/mpsc_queue.hpp): a publish never blocks and never fails, so a worker can
 /// publish from any state. pop() callers take turns on a mutex of their own (the queue has a
-/// single consumer), never the scheduler's.
+/// single consumer), never the scheduler's. A push is two steps (claim the tail, link it);
+/// while a producer is between them the consumer cannot reach what was pushed after its node
+/// (it does once that producer links, instructions later), which is why drain() also waits
+/// for the publications that began before it returns (Scheduler::drain).
 class Completions {
  public:
   Completions() = default;

@@ -62,7 +62,20 @@ void Scheduler::drain() {
   const std::uint64_t horizon = last_seq_;
   ++drain_waiters_;
   drained_.wait(lock, [&] { return drained_through(horizon); });
+  // Every job up to the horizon is in the completion queue now, but a publication that began
+  // earlier may still be between its two steps (MpscQueue::push), and until it links its
+  // node the consumer cannot reach the nodes pushed after it. Those are few and end within
+  // instructions; publications that begin from now on are not waited for.
+  const std::uint64_t begun = last_ticket_;
+  drained_.wait(lock, [&] { return !publishing_begun_by(begun); });
   --drain_waiters_;
+}
+
+// Whether a publication that began at or before `ticket` is still under way.
+bool Scheduler::publishing_begun_by(std::uint64_t ticket) const noexcept {
+  for (const Publication* p = publishing_; p != nullptr; p = p->next)
+    if (p->ticket <= ticket) return true;
+  return false;
 }
 
 // Whether every job up to `horizon` has completed and been published.
@@ -147,6 +160,7 @@ void Scheduler::finish_batch(Batch& batch) noexcept {
     Publication& p = batch.publication;
     p.seq = completed[0]->seq;
     for (std::size_t i = 1; i < n_completed; ++i) p.seq = std::min(p.seq, completed[i]->seq);
+    p.ticket = ++last_ticket_;
     p.prev = nullptr;
     p.next = publishing_;
     if (publishing_ != nullptr) publishing_->prev = &p;

@@ -43,7 +43,8 @@ struct SchedulerOptions {
 /// A batch's place in drain()'s view between the moment its job left the list of incomplete
 /// jobs and the moment its completion is poppable: the worker publishes without the mutex.
 struct Publication {
-  std::uint64_t seq = 0;  ///< the oldest job being published; 0: none
+  std::uint64_t seq = 0;     ///< the oldest job being published; 0: none
+  std::uint64_t ticket = 0;  ///< the order publications began in
   Publication* prev = nullptr;
   Publication* next = nullptr;
 };
@@ -138,6 +139,7 @@ class Scheduler {
   void complete_job(Job* job) noexcept;
   void end_publication(Publication& publication) noexcept;
   bool drained_through(std::uint64_t horizon) const noexcept;
+  bool publishing_begun_by(std::uint64_t ticket) const noexcept;
 
   const SchedulerOptions options_;
   Completions& completions_;
@@ -169,6 +171,7 @@ class Scheduler {
   Job* newest_ = nullptr;
   std::uint64_t last_seq_ = 0;
   Publication* publishing_ = nullptr;
+  std::uint64_t last_ticket_ = 0;
   std::size_t drain_waiters_ = 0;
   std::condition_variable drained_;
 
