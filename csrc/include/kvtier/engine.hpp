@@ -35,7 +35,7 @@ struct EngineStats {
 /// (pop_completions() callers take turns; each job is reported to exactly one of them).
 ///
 /// fork(): a child inherits none of the workers. There the engine refuses every job
-/// (submit, pop_completions, drain and stats throw std::runtime_error), is_shut_down() is
+/// (submit, pop_completions, drain and stats throw ForkedProcessError), is_shut_down() is
 /// true, shutdown() does nothing, and the destructor frees only the completion eventfd (the
 /// rest of the child's copy goes when the child exits). The parent's engine is unaffected.
 ///
@@ -49,7 +49,9 @@ class KVTIER_EXPORT Engine {
   /// and, for ODirectMode::kAuto / kOn, probes the root. Block paths must lie below the root.
   /// Throws std::invalid_argument for a bad configuration (an empty root_dir too),
   /// SystemError when the root cannot be created or opened, or when kOn is asked for and the
-  /// root does not support O_DIRECT (or cannot be probed).
+  /// root does not support O_DIRECT (or cannot be probed), IoUringRefusedError when
+  /// IoEngine::kIoUring is asked for and the kernel refuses io_uring, std::runtime_error when
+  /// use_cuda finds no CUDA runtime or device.
   explicit Engine(EngineConfig config);
   /// Shuts down (see shutdown()) and frees everything.
   ~Engine();
@@ -63,9 +65,9 @@ class KVTIER_EXPORT Engine {
   /// staging for stores, staging to device for loads) start only after the work queued on
   /// that stream so far has finished. The calling thread's current device is left unchanged.
   /// Throws std::invalid_argument for a job id already in flight or a bad block (null data,
-  /// empty path, oversized key, device memory without use_cuda), std::runtime_error after
-  /// shutdown() or when CUDA fails to record the stream's event, std::bad_alloc when memory
-  /// runs out. All or nothing: a submit that throws queued nothing, is never reported, and
+  /// empty path, oversized key, device memory without use_cuda), EngineShutDownError after
+  /// shutdown(), std::runtime_error when CUDA fails to record the stream's event,
+  /// std::bad_alloc when memory runs out. All or nothing: a submit that throws queued nothing, is never reported, and
   /// leaves the job id free.
   void submit(JobId job_id, Direction direction, std::vector<BlockOp> blocks,
               void* cuda_stream = nullptr);
@@ -106,7 +108,10 @@ class KVTIER_EXPORT Engine {
   /// The NUMA node the workers are pinned to, or -1.
   int numa_node() const noexcept;
 
+  /// Counters and queue depths. Throws ForkedProcessError in a forked child.
   EngineStats stats() const;
+  /// The configuration the engine runs with: as given, with the machine-sized thread counts
+  /// and the CUDA device resolved.
   const EngineConfig& config() const noexcept;
 
  private:
