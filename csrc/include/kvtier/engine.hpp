@@ -67,8 +67,8 @@ class KVTIER_EXPORT Engine {
   /// Throws std::invalid_argument for a job id already in flight or a bad block (null data,
   /// empty path, oversized key, device memory without use_cuda), EngineShutDownError after
   /// shutdown(), std::runtime_error when CUDA fails to record the stream's event,
-  /// std::bad_alloc when memory runs out. All or nothing: a submit that throws queued nothing, is never reported, and
-  /// leaves the job id free.
+  /// std::bad_alloc when memory runs out. All or nothing: a submit that throws queued nothing, is
+  /// never reported, and leaves the job id free.
   void submit(JobId job_id, Direction direction, std::vector<BlockOp> blocks,
               void* cuda_stream = nullptr);
 
