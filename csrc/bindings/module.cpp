@@ -165,9 +165,6 @@ void register_functions(py::module_& m) {
 }
 
 void register_files(py::module_& m) {
-  // The core's version (pyproject.toml's, through CMake): what the package and the C++
-  // library it was built with agree on.
-  m.attr("VERSION") = KVTIER_VERSION_STRING;
   m.attr("HEADER_SIZE") = kvtier::kHeaderSize;
   m.attr("ALIGNMENT") = kvtier::kAlignment;
   m.attr("FORMAT_VERSION") = kvtier::kFormatVersion;
