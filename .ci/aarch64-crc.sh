@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Cross-compiles the C++ CRC32C and header tests for aarch64 and runs them under qemu-user,
-# which proves the ARMv8 CRC32 path (csrc/src/crc32c.cpp) on an x86-64 machine: qemu's
+# which proves the ARMv8 CRC32 path (csrc/src/util/crc32c.cpp) on an x86-64 machine: qemu's
 # default CPU has the CRC32 extension, and KVTIER_REQUIRE_CRC32C_HARDWARE=1 makes the tests
 # fail unless the library detected and used it (and matched the software path).
 #

@@ -1,296 +1,24 @@
-// The only translation unit that knows about Python: argument conversion, GIL handling and
-// exception translation over the kvtier C++ core.
+// kvtier._core, the Python module over the kvtier C++ core: PYBIND11_MODULE registers each
+// part (bindings.hpp lists them); this file holds the small parts, jobs, block layouts and
+// the core's free functions and constants. The binding is the only code that knows Python.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <atomic>
-#include <mutex>
-#include <optional>
-#include <tuple>
-#include <unordered_map>
-
-#include <pthread.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
-#include <kvtier/kvtier.hpp>
+#include "bindings.hpp"
 
-namespace py = pybind11;
-using namespace pybind11::literals;
-
+namespace kvtier::python {
 namespace {
 
-kvtier::ODirectMode o_direct_from_python(const py::object& value) {
-  if (py::isinstance<py::bool_>(value))
-    return value.cast<bool>() ? kvtier::ODirectMode::kOn : kvtier::ODirectMode::kOff;
-  if (py::isinstance<py::str>(value)) return kvtier::parse_o_direct(value.cast<std::string>());
-  throw std::invalid_argument("o_direct must be 'auto', True or False, got " +
-                              py::repr(value).cast<std::string>());
-}
-
-// Python's spelling of an ODirectMode, as o_direct_from_python() reads it back.
-py::object o_direct_to_python(kvtier::ODirectMode mode) {
-  if (mode == kvtier::ODirectMode::kAuto) return py::str("auto");
-  return py::bool_(mode == kvtier::ODirectMode::kOn);
-}
-
-// A thread count in Python's spelling: None for "sized by the machine".
-py::object threads_to_python(unsigned n) {
-  if (n == kvtier::kMachineThreads) return py::none();
-  return py::int_(n);
-}
-
-// ENGINE_DEFAULTS: every keyword argument of Engine with its default, read from a
-// default-constructed EngineConfig (the one definition of the defaults). Engine's keyword
-// defaults below are taken from this dict, so the two cannot differ.
-py::dict engine_defaults() {
-  const kvtier::EngineConfig d;
-  py::dict out;
-  out["n_read_threads"] = threads_to_python(d.n_read_threads);
-  out["n_write_threads"] = threads_to_python(d.n_write_threads);
-  out["o_direct"] = o_direct_to_python(d.o_direct);
-  out["checksum"] = kvtier::to_string(d.checksum);
-  out["durability"] = kvtier::to_string(d.durability);
-  out["file_mode"] = static_cast<unsigned>(d.file_mode);
-  out["fingerprint"] = py::bytes(d.fingerprint);
-  out["max_stores_in_flight_while_loading"] = d.max_stores_in_flight_while_loading;
-  out["staging_bytes_total"] = d.staging_bytes_total;
-  out["staging_buffer_bytes"] = d.staging_buffer_bytes;
-  out["use_cuda"] = d.use_cuda;
-  out["cuda_device"] = d.cuda_device;
-  out["numa_bind"] = d.numa_bind;
-  out["worker_nice"] = d.worker_nice;
-  out["completion_eventfd"] = d.completion_eventfd;
-  out["io_engine"] = kvtier::to_string(d.io_engine);
-  out["load_nice"] = d.load_nice;
-  out["store_cap_linger_ms"] = d.store_cap_linger_ms;
-  return out;
-}
-
-// ENGINE_LIMITS: name -> (lo, hi) (hi None: unbounded) for each range the Engine constructor
-// checks, from the constants its checks use (kvtier::limits). Two rules are not ranges:
-// staging_buffer_bytes is a multiple of "staging_buffer_bytes_multiple", and file_mode
-// includes the bits "file_mode_required_bits". "n_threads_total" bounds n_read_threads +
-// n_write_threads; staging_bytes_total must also be at least staging_buffer_bytes.
-py::dict engine_limits() {
-  namespace lim = kvtier::limits;
-  const py::object unbounded = py::none();
-  py::dict out;
-  out["n_read_threads"] = py::make_tuple(0u, lim::kMaxThreads);
-  out["n_write_threads"] = py::make_tuple(0u, lim::kMaxThreads);
-  out["n_threads_total"] = py::make_tuple(lim::kMinThreadsTotal, 2 * lim::kMaxThreads);
-  out["worker_nice"] = py::make_tuple(lim::kMinNice, lim::kMaxNice);
-  out["load_nice"] = py::make_tuple(lim::kMinNice, lim::kMaxNice);
-  out["max_stores_in_flight_while_loading"] =
-      py::make_tuple(lim::kMinStoresInFlightWhileLoading, unbounded);
-  out["staging_buffer_bytes"] = py::make_tuple(lim::kStagingBufferMultiple, unbounded);
-  out["staging_buffer_bytes_multiple"] = lim::kStagingBufferMultiple;
-  out["staging_bytes_total"] = py::make_tuple(lim::kStagingBufferMultiple, unbounded);
-  out["file_mode"] = py::make_tuple(0u, static_cast<unsigned>(lim::kFileModeBits));
-  out["file_mode_required_bits"] = static_cast<unsigned>(lim::kFileModeRequiredBits);
-  out["fingerprint_length"] = py::make_tuple(std::size_t{0}, kvtier::kFingerprintSize);
-  return out;
-}
-
-// ---- errors ---------------------------------------------------------------------------------
-//
-// Each core error becomes what kvtier.errors._from_core(kind, errno, message, path, where)
-// returns (the package's typed exceptions). Where that module or function is missing (an
-// older or partial install) the error becomes the builtin Python raised before: an OSError
-// of the errno's subclass (FileNotFoundError, ...), ValueError or RuntimeError.
-
-// kvtier.errors._from_core, or None when it cannot be had.
-py::object core_error_factory() {
-  PyObject* module = PyImport_ImportModule("kvtier.errors");
-  if (module == nullptr) {
-    PyErr_Clear();
-    return py::none();
-  }
-  const py::object errors = py::reinterpret_steal<py::object>(module);
-  if (!py::hasattr(errors, "_from_core")) return py::none();
-  return errors.attr("_from_core");
-}
-
-void set_python_error(const py::object& exception) {
-  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exception.ptr())), exception.ptr());
-}
-
-// Raises (sets the Python error for) one core error. `fallback` is the builtin type used
-// without kvtier.errors; for PyExc_OSError it is built from errno, message and path, so that
-// Python picks the errno's subclass and sets .errno, .strerror and .filename.
-void raise_core_error(const char* kind, int errno_value, const char* message,
-                      const std::string& path, const std::string& where, PyObject* fallback) {
-  const py::object factory = core_error_factory();
-  if (!factory.is_none()) {
-    // An exception raised by the factory itself propagates (error_already_set).
-    const py::object made = factory(kind, errno_value, message, path, where);
-    if (!PyExceptionInstance_Check(made.ptr()))
-      throw py::type_error(std::string("kvtier.errors._from_core returned ") +
-                           Py_TYPE(made.ptr())->tp_name + ", not an exception");
-    set_python_error(made);
-    return;
-  }
-  if (fallback == PyExc_OSError) {
-    set_python_error(py::reinterpret_steal<py::object>(
-        PyObject_CallFunction(PyExc_OSError, "isO", errno_value, message, py::str(path).ptr())));
-    return;
-  }
-  PyErr_SetString(fallback, message);
-}
-
-void translate_core_error(std::exception_ptr p) {
-  try {
-    if (p) std::rethrow_exception(p);
-  } catch (const py::error_already_set&) {
-    throw;  // a Python error already: pybind11 restores it
-  } catch (const py::builtin_exception&) {
-    throw;  // py::value_error and friends: pybind11 maps them (they are runtime_errors too)
-  } catch (const kvtier::IoUringRefusedError& e) {
-    raise_core_error("io_uring_refused", e.code().value(), e.what(), e.path(), e.where(),
-                     PyExc_OSError);
-  } catch (const kvtier::SystemError& e) {
-    raise_core_error("system", e.code().value(), e.what(), e.path(), e.where(), PyExc_OSError);
-  } catch (const kvtier::EngineShutDownError& e) {
-    raise_core_error("shut_down", 0, e.what(), "", "", PyExc_RuntimeError);
-  } catch (const kvtier::ForkedProcessError& e) {
-    raise_core_error("forked", 0, e.what(), "", "", PyExc_RuntimeError);
-  } catch (const std::invalid_argument& e) {
-    raise_core_error("invalid_argument", 0, e.what(), "", "", PyExc_ValueError);
-  } catch (const std::range_error&) {
-    throw;  // pybind11's ValueError, as before
-  } catch (const std::overflow_error&) {
-    throw;  // pybind11's OverflowError, as before
-  } catch (const std::runtime_error& e) {
-    raise_core_error("runtime", 0, e.what(), "", "", PyExc_RuntimeError);
-  }
-  // Anything else (std::bad_alloc: MemoryError, std::out_of_range: IndexError, ...) leaves
-  // this translator and gets pybind11's own translation.
-}
-
-// blocks: a sequence of (path, key, address, length) tuples; path is str or os.PathLike.
-std::vector<kvtier::BlockOp> blocks_from_python(const py::sequence& blocks) {
-  std::vector<kvtier::BlockOp> ops;
-  ops.reserve(blocks.size());
-  py::object fspath = py::module_::import("os").attr("fspath");
-  for (const py::handle item : blocks) {
-    auto t = py::reinterpret_borrow<py::sequence>(item);
-    if (t.size() != 4)
-      throw std::invalid_argument("each block must be (path, key, address, length)");
-    kvtier::BlockOp op;
-    op.path = fspath(t[0]).cast<std::string>();
-    const py::object key = t[1];
-    if (!PyBytes_Check(key.ptr()))  // a str would be encoded to UTF-8 silently
-      throw py::type_error(std::string("block key must be bytes, got ") +
-                           Py_TYPE(key.ptr())->tp_name);
-    op.key = key.cast<std::string>();
-    op.data = reinterpret_cast<void*>(t[2].cast<std::uintptr_t>());
-    const auto length = t[3].cast<long long>();
-    if (length < 0) throw std::invalid_argument("block length must not be negative");
-    op.length = static_cast<std::size_t>(length);
-    ops.push_back(std::move(op));
-  }
-  return ops;
-}
-
-// The Engine as Python owns it. Workers hold raw addresses into caller memory, so the
-// objects owning that memory (keep_alive()) are released only after the workers have stopped,
-// whatever order Python tears things down in; stopping joins threads that may wait on a slow
-// mount, so it runs with the GIL released. Runs with the GIL held (pybind11 dealloc).
-class PyEngine final : public kvtier::Engine {
- public:
-  explicit PyEngine(kvtier::EngineConfig config);
-  ~PyEngine();
-  PyEngine(const PyEngine&) = delete;
-  PyEngine& operator=(const PyEngine&) = delete;
-
-  // Called with the GIL held.
-  void keep_alive(const py::iterable& buffers) {
-    if (!buffers_) buffers_ = py::list();
-    for (const py::handle buffer : buffers) buffers_.append(buffer);
-  }
-
- private:
-  // Null until keep_alive(): the engine is constructed with the GIL released, when no Python
-  // object may be created.
-  py::list buffers_ = py::reinterpret_steal<py::list>(py::handle());
-};
-
-// Engines alive in this process: interpreter exit stops them before Python frees the memory
-// they address (an engine in a module global may otherwise be destroyed after its buffers,
-// or never). Leaked on purpose so it outlives every engine, even in static destruction.
-struct EngineRegistry {
-  std::mutex mutex;  // held while the exit hook stops engines: a destructor waits for it
-  std::unordered_map<const PyEngine*, pid_t> engines;  // engine -> pid that created it
-};
-
-EngineRegistry& registry() {
-  static auto* r = [] {
-    auto* made = new EngineRegistry;
-    // A child forked while another thread held the mutex (creating or dropping an engine)
-    // would wait for it for ever: fork() waits for the mutex instead, and both sides
-    // release it.
-    ::pthread_atfork([] { registry().mutex.lock(); }, [] { registry().mutex.unlock(); },
-                     [] { registry().mutex.unlock(); });
-    return made;
-  }();
-  return *r;
-}
-
-PyEngine::PyEngine(kvtier::EngineConfig config) : kvtier::Engine(std::move(config)) {
-  std::lock_guard lock(registry().mutex);
-  registry().engines.emplace(this, ::getpid());
-}
-
-// The interpreter's main thread, which runs its finalization (recorded at import), and
-// whether the exit hook below has started (from then on only daemon threads run beside it).
-std::atomic<unsigned long> main_thread_ident{0};
-std::atomic<bool> exit_hook_started{false};
-
-bool interpreter_finalizing() noexcept {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing() != 0;
-#else
-  return _Py_IsFinalizing() != 0;  // an atomic read: callable without the GIL
-#endif
-}
-
-PyEngine::~PyEngine() {
-  PyThreadState* state = PyEval_SaveThread();
-  // Stop first, then leave the registry: an exit hook stopping this engine at the same time
-  // holds the registry and waits in the same (serialised, idempotent) shutdown().
-  shutdown();
-  {
-    std::lock_guard lock(registry().mutex);
-    registry().engines.erase(this);
-  }
-  // A daemon thread that dropped the last reference while the interpreter exits must not
-  // wait for the GIL again: once finalization starts, CPython ends such a thread with a
-  // forced unwind through this noexcept destructor, and that is std::terminate. The engine
-  // has stopped; the exiting process keeps the buffers until it is gone, so this thread
-  // parks instead (only daemon threads still run once the exit hook has started).
-  if ((exit_hook_started.load() || interpreter_finalizing()) &&
-      PyThread_get_thread_ident() != main_thread_ident.load(std::memory_order_relaxed))
-    for (;;) ::pause();
-  PyEval_RestoreThread(state);
-  // buffers_ goes now, with the GIL held again and no worker left to touch its memory.
-}
-
-// atexit hook: every engine of this process stops (running block operations finish, queued
-// ones are cancelled). Engines inherited through fork() have no workers here to stop.
-void shutdown_all_engines() {
-  exit_hook_started = true;
-  py::gil_scoped_release release;
-  EngineRegistry& r = registry();
-  std::lock_guard lock(r.mutex);
-  const pid_t self = ::getpid();
-  for (const auto& [engine, pid] : r.engines)
-    if (pid == self) const_cast<PyEngine*>(engine)->shutdown();
-}
+using namespace pybind11::literals;
 
 // A buffer's bytes, refused with ValueError unless C-contiguous: a strided buffer read as if
 // it were contiguous gives wrong checksums and addresses bytes outside it. Hold the GIL when
@@ -323,55 +51,7 @@ class ContiguousBuffer {
   Py_buffer view_{};
 };
 
-void submit(PyEngine& engine, kvtier::JobId job_id, kvtier::Direction direction,
-            const py::sequence& blocks) {
-  auto ops = blocks_from_python(blocks);
-  py::gil_scoped_release release;
-  engine.submit(job_id, direction, std::move(ops));
-}
-
-// Blocks named by index into a BlockLayout: the segments are built here, in C++, so a job of
-// many blocks over many layers costs Python one call.
-void submit_blocks(PyEngine& engine, kvtier::JobId job_id, kvtier::Direction direction,
-                   const std::vector<std::string>& paths, const std::vector<py::bytes>& keys,
-                   const std::vector<long long>& block_ids, const kvtier::BlockLayout& layout,
-                   std::uintptr_t cuda_stream) {
-  if (paths.size() != block_ids.size() || keys.size() != block_ids.size())
-    throw std::invalid_argument("paths, keys and block_ids must have the same length (" +
-                                std::to_string(paths.size()) + ", " + std::to_string(keys.size()) +
-                                ", " + std::to_string(block_ids.size()) + ")");
-  std::vector<kvtier::BlockOp> ops(block_ids.size());
-  for (std::size_t i = 0; i < ops.size(); ++i) {
-    if (block_ids[i] < 0)
-      throw std::invalid_argument("block id " + std::to_string(block_ids[i]) + " is negative");
-    ops[i].path = paths[i];
-    ops[i].key = keys[i];
-    ops[i].segments = layout.segments(static_cast<std::size_t>(block_ids[i]));
-  }
-  py::gil_scoped_release release;
-  engine.submit(job_id, direction, std::move(ops), reinterpret_cast<void*>(cuda_stream));
-}
-
-py::dict stats_to_dict(const kvtier::EngineStats& s) {
-  return py::dict("load_jobs"_a = s.load_jobs, "store_jobs"_a = s.store_jobs,
-                  "failed_load_jobs"_a = s.failed_load_jobs,
-                  "failed_store_jobs"_a = s.failed_store_jobs, "load_blocks"_a = s.load_blocks,
-                  "store_blocks"_a = s.store_blocks, "failed_load_blocks"_a = s.failed_load_blocks,
-                  "failed_store_blocks"_a = s.failed_store_blocks, "load_bytes"_a = s.load_bytes,
-                  "store_bytes"_a = s.store_bytes, "dedup_skips"_a = s.dedup_skips,
-                  "corrupt_files_removed"_a = s.corrupt_files_removed,
-                  "o_direct_fallbacks"_a = s.o_direct_fallbacks, "queued_loads"_a = s.queued_loads,
-                  "queued_stores"_a = s.queued_stores, "running_loads"_a = s.running_loads,
-                  "running_stores"_a = s.running_stores, "jobs_in_flight"_a = s.jobs_in_flight);
-}
-
-}  // namespace
-
-PYBIND11_MODULE(_core, m) {
-  m.doc() = "kvtier native core: block files, worker pool, completion queue";
-
-  py::register_exception_translator(&translate_core_error);
-
+void register_jobs(py::module_& m) {
   py::enum_<kvtier::Direction>(m, "Direction")
       .value("LOAD", kvtier::Direction::kLoad)
       .value("STORE", kvtier::Direction::kStore);
@@ -406,7 +86,9 @@ PYBIND11_MODULE(_core, m) {
                ", success=" + (c.success ? "True" : "False") +
                ", bytes=" + std::to_string(c.bytes) + ")";
       });
+}
 
+void register_block_layout(py::module_& m) {
   py::class_<kvtier::BlockLayout>(m, "BlockLayout",
                                   "Where each block's bytes live across memory regions.")
       .def(py::init([](const py::sequence& regions) {
@@ -444,100 +126,9 @@ PYBIND11_MODULE(_core, m) {
             return out;
           },
           "block"_a, "(address, length, is_device) of each segment of a block.");
+}
 
-  const py::dict defaults = engine_defaults();
-  m.attr("ENGINE_DEFAULTS") = defaults;
-  m.attr("ENGINE_LIMITS") = engine_limits();
-  const auto default_of = [&defaults](const char* name) {
-    return py::arg_v(name, py::object(defaults[name]));
-  };
-
-  py::class_<PyEngine>(m, "Engine", "Worker pool that stores and loads block files.")
-      .def(py::init([](const std::string& root_dir, std::optional<unsigned> n_read_threads,
-                       std::optional<unsigned> n_write_threads, const py::object& o_direct,
-                       const std::string& checksum, const std::string& durability,
-                       unsigned file_mode, const py::bytes& fingerprint,
-                       unsigned max_stores_in_flight_while_loading, std::size_t staging_bytes_total,
-                       std::size_t staging_buffer_bytes, bool use_cuda, int cuda_device,
-                       bool numa_bind, int worker_nice, bool completion_eventfd,
-                       const std::string& io_engine, int load_nice, unsigned store_cap_linger_ms) {
-             kvtier::EngineConfig c;
-             c.root_dir = root_dir;
-             // None: sized by the machine (kvtier::machine_thread_counts of root_dir).
-             c.n_read_threads = n_read_threads.value_or(kvtier::kMachineThreads);
-             c.n_write_threads = n_write_threads.value_or(kvtier::kMachineThreads);
-             c.o_direct = o_direct_from_python(o_direct);
-             c.checksum = kvtier::parse_checksum(checksum);
-             c.durability = kvtier::parse_durability(durability);
-             c.file_mode = static_cast<mode_t>(file_mode);
-             c.fingerprint = fingerprint;
-             c.max_stores_in_flight_while_loading = max_stores_in_flight_while_loading;
-             c.staging_bytes_total = staging_bytes_total;
-             c.staging_buffer_bytes = staging_buffer_bytes;
-             c.use_cuda = use_cuda;
-             c.cuda_device = cuda_device;
-             c.numa_bind = numa_bind;
-             c.worker_nice = worker_nice;
-             c.completion_eventfd = completion_eventfd;
-             c.io_engine = kvtier::parse_io_engine(io_engine);
-             c.load_nice = load_nice;
-             c.store_cap_linger_ms = store_cap_linger_ms;
-             py::gil_scoped_release release;  // the O_DIRECT probe does I/O
-             return std::make_unique<PyEngine>(std::move(c));
-           }),
-           "root_dir"_a = "", py::kw_only(), default_of("n_read_threads"),
-           default_of("n_write_threads"), default_of("o_direct"), default_of("checksum"),
-           default_of("durability"), default_of("file_mode"), default_of("fingerprint"),
-           default_of("max_stores_in_flight_while_loading"), default_of("staging_bytes_total"),
-           default_of("staging_buffer_bytes"), default_of("use_cuda"), default_of("cuda_device"),
-           default_of("numa_bind"), default_of("worker_nice"), default_of("completion_eventfd"),
-           default_of("io_engine"), default_of("load_nice"), default_of("store_cap_linger_ms"))
-      .def("keep_alive", &PyEngine::keep_alive, "buffers"_a,
-           "Holds `buffers` (objects owning memory that block addresses point into) until the "
-           "workers have stopped, whenever and however the engine goes; call it before "
-           "submitting jobs over that memory.")
-      .def(
-          "submit_store",
-          [](PyEngine& e, kvtier::JobId id, const py::sequence& blocks) {
-            submit(e, id, kvtier::Direction::kStore, blocks);
-          },
-          "job_id"_a, "blocks"_a,
-          "Queue a store of (path, key, address, length) blocks; returns at once.")
-      .def(
-          "submit_load",
-          [](PyEngine& e, kvtier::JobId id, const py::sequence& blocks) {
-            submit(e, id, kvtier::Direction::kLoad, blocks);
-          },
-          "job_id"_a, "blocks"_a,
-          "Queue a load of (path, key, address, length) blocks; returns at once.")
-      .def("submit_blocks", &submit_blocks, "job_id"_a, "direction"_a, "paths"_a, "keys"_a,
-           "block_ids"_a, "layout"_a, "cuda_stream"_a = 0,
-           "Queue a job over blocks of a BlockLayout; cuda_stream orders the device copies of "
-           "stores and loads after the work already queued on it.")
-      .def("pop_completions", &kvtier::Engine::pop_completions, "max"_a = 0,
-           py::call_guard<py::gil_scoped_release>(), "Finished jobs; never blocks.")
-      .def("drain", &kvtier::Engine::drain, py::call_guard<py::gil_scoped_release>())
-      .def("shutdown", &kvtier::Engine::shutdown, py::call_guard<py::gil_scoped_release>())
-      .def("stats", [](const PyEngine& e) { return stats_to_dict(e.stats()); })
-      .def_property_readonly("is_shut_down", &kvtier::Engine::is_shut_down)
-      .def_property_readonly("direct_io", &kvtier::Engine::direct_io)
-      .def_property_readonly("o_direct_fallback_reason", &kvtier::Engine::o_direct_fallback_reason)
-      .def_property_readonly(
-          "io_engine", [](const PyEngine& e) { return kvtier::to_string(e.io_engine()); },
-          "'io_uring' or 'psync': the engine moving the bytes (what 'auto' chose).")
-      .def_property_readonly("io_engine_fallback_reason",
-                             &kvtier::Engine::io_engine_fallback_reason,
-                             "Why io_engine='auto' chose psync; empty when it did not.")
-      .def_property_readonly("eventfd", &kvtier::Engine::completion_eventfd)
-      .def_property_readonly("cuda_enabled", &kvtier::Engine::cuda_enabled)
-      .def_property_readonly("numa_node", &kvtier::Engine::numa_node)
-      .def_property_readonly(
-          "n_read_threads", [](const PyEngine& e) { return e.config().n_read_threads; },
-          "Load workers running (the machine-sized default resolved).")
-      .def_property_readonly(
-          "n_write_threads", [](const PyEngine& e) { return e.config().n_write_threads; },
-          "Store-first workers running (the machine-sized default resolved).");
-
+void register_functions(py::module_& m) {
   m.def("cuda_available", &kvtier::cuda_available,
         "Whether a CUDA runtime and a device are present (the runtime is loaded on first call).");
   m.def("cuda_unavailable_reason", &kvtier::cuda_unavailable_reason);
@@ -571,11 +162,9 @@ PYBIND11_MODULE(_core, m) {
       },
       "buffer"_a, "writable"_a = false,
       "Address of a contiguous buffer's first byte (the buffer must outlive its use).");
+}
 
-  main_thread_ident =
-      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
-  py::module_::import("atexit").attr("register")(py::cpp_function(&shutdown_all_engines));
-
+void register_files(py::module_& m) {
   m.attr("HEADER_SIZE") = kvtier::kHeaderSize;
   m.attr("ALIGNMENT") = kvtier::kAlignment;
   m.attr("FORMAT_VERSION") = kvtier::kFormatVersion;
@@ -625,4 +214,19 @@ PYBIND11_MODULE(_core, m) {
       },
       "path"_a, py::call_guard<py::gil_scoped_release>(),
       "'alive', 'gone', 'missing' or 'unknown': whether a tmp file's writer holds its lock.");
+}
+
+}  // namespace
+}  // namespace kvtier::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace kvtier::python;
+  m.doc() = "kvtier native core: block files, worker pool, completion queue";
+  register_errors(m);
+  register_jobs(m);
+  register_block_layout(m);
+  register_engine(m);
+  register_functions(m);
+  register_files(m);
+  register_lifetime(m);
 }

@@ -1,10 +1,10 @@
-// Gives the tests both CRC32C code paths of csrc/src/crc32c.cpp, which keeps them private
+// Gives the tests both CRC32C code paths of csrc/src/util/crc32c.cpp, which keeps them private
 // (anonymous namespace) and picks one at start-up. This translation unit compiles a renamed
 // copy of that file (the public names get a prefix, so nothing clashes with the library),
 // and wraps its internals so hardware and software results can be compared on one machine.
 #define crc32c kvtier_test_copy_crc32c
 #define crc32c_is_hardware kvtier_test_copy_crc32c_is_hardware
-#include "crc32c.cpp"
+#include "util/crc32c.cpp"
 #undef crc32c
 #undef crc32c_is_hardware
 

@@ -28,12 +28,12 @@ inline kvtier::EngineConfig engine_config(const TempDir& dir,
                                           kvtier::ODirectMode mode = kvtier::ODirectMode::kOff,
                                           unsigned readers = 2, unsigned writers = 2) {
   kvtier::EngineConfig c;
-  c.root_dir = dir.path();
-  c.o_direct = mode;
-  c.n_read_threads = readers;
-  c.n_write_threads = writers;
-  c.fingerprint = "test-fingerprint";
-  c.io_engine = io_engine_under_test();
+  c.set_root_dir(dir.path());
+  c.set_o_direct(mode);
+  c.set_n_read_threads(readers);
+  c.set_n_write_threads(writers);
+  c.set_fingerprint("test-fingerprint");
+  c.set_io_engine(io_engine_under_test());
   return c;
 }
 

@@ -1,7 +1,5 @@
 #include "harness.hpp"
 
-#include "uring.hpp"
-
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -137,9 +135,19 @@ int main(int argc, char** argv) {
     only.emplace_back(argv[i]);
   }
   if (kvtest::io_engine_under_test() == kvtier::IoEngine::kIoUring) {
-    std::string reason;
-    if (kvtier::detail::probe_io_uring(reason) != 0) {
-      std::printf("SKIP: the io_uring engine is unavailable here: %s\n", reason.c_str());
+    // The engine's own answer, through the public API: IoUringRefusedError where the kernel
+    // refuses io_uring to this process.
+    try {
+      kvtest::TempDir probe;
+      kvtier::EngineConfig config;
+      config.set_root_dir(probe.path())
+          .set_n_read_threads(1)
+          .set_n_write_threads(0)
+          .set_o_direct(kvtier::ODirectMode::kOff)
+          .set_io_engine(kvtier::IoEngine::kIoUring);
+      kvtier::Engine engine(config);
+    } catch (const kvtier::IoUringRefusedError& e) {
+      std::printf("SKIP: the io_uring engine is unavailable here: %s\n", e.what());
       return 77;  // SKIP_RETURN_CODE in tests/cpp/CMakeLists.txt
     }
   }

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "beneath.hpp"
 #include "engine_helpers.hpp"
+#include "fs/beneath.hpp"
 
 namespace {
 
@@ -62,8 +62,8 @@ KV_TEST(links_below_the_root_fail_the_block) {
     CHECK(kvtest::tmp_files_below(outside.path()).empty());
     CHECK(!kvtest::file_exists(outside / "x"));
     // A symlinked block file whose target is a valid block.
-    CHECK(kvtest::store(engine, 2, outside / "real", "k", bytes.data(), bytes.size()).error
-              .errno_value == EPERM);  // outside the root: refused
+    CHECK(kvtest::store(engine, 2, outside / "real", "k", bytes.data(), bytes.size())
+              .error.errno_value == EPERM);  // outside the root: refused
     {
       Engine writer(kvtest::engine_config(outside));
       CHECK(kvtest::store(writer, 3, outside / "real", "k", bytes.data(), bytes.size()).success);
@@ -84,8 +84,8 @@ KV_TEST(paths_outside_the_root_or_with_dot_dot_fail_with_eperm) {
   TempDir dir;
   Engine engine(kvtest::engine_config(dir));
   const auto bytes = kvtest::pattern(100, 2);
-  for (const std::string& path : {dir.path() + "/../escaped", std::string("/tmp/elsewhere"),
-                                  dir.path() + "x/sibling"}) {
+  for (const std::string& path :
+       {dir.path() + "/../escaped", std::string("/tmp/elsewhere"), dir.path() + "x/sibling"}) {
     const Completion s = kvtest::store(engine, 1, path, "k", bytes.data(), bytes.size());
     CHECK_MSG(!s.success && s.error.errno_value == EPERM, describe(s));
   }
@@ -135,8 +135,8 @@ KV_TEST(directories_get_exactly_the_directory_mode) {
   const mode_t old = ::umask(077);
   try {
     auto config = kvtest::engine_config(dir);
-    config.root_dir = dir / "new/root";
-    config.file_mode = 0660;
+    config.set_root_dir(dir / "new/root");
+    config.set_file_mode(0660);
     Engine engine(config);
     const auto bytes = kvtest::pattern(100, 4);
     const Completion s =

@@ -109,7 +109,7 @@ void expect_corrupt_load(ODirectMode mode, const std::string& what,
     CHECK_MSG(s.success, describe(s));
   }
   damage(path);
-  if (!load_fingerprint.empty()) config.fingerprint = load_fingerprint;
+  if (!load_fingerprint.empty()) config.set_fingerprint(load_fingerprint);
   Engine engine(config);
   const std::size_t n = load_length != 0 ? load_length : length;
   Memory back(n, 0);
@@ -210,8 +210,8 @@ KV_TEST(one_staging_buffer_moves_large_unaligned_blocks) {
   // pieces (under O_DIRECT), from several workers at once (they take turns on the buffer).
   TempDir dir;
   EngineConfig config = kvtest::engine_config(dir, ODirectMode::kAuto, 2, 2);
-  config.staging_buffer_bytes = std::size_t{1} << 20;
-  config.staging_bytes_total = config.staging_buffer_bytes;
+  config.set_staging_buffer_bytes(std::size_t{1} << 20);
+  config.set_staging_bytes_total(config.staging_buffer_bytes());
   Engine engine(config);
   const std::size_t length = 3 * (std::size_t{1} << 20) + 5;
   std::vector<std::vector<unsigned char>> payloads;
@@ -241,8 +241,8 @@ KV_TEST(host_segments_round_trip_and_match_contiguous_files) {
     std::vector<std::size_t> lengths;
     bool aligned;
   };
-  for (const Shape& shape : {Shape{{5000, 0, 1, 4096, 70000, 123}, false},
-                             Shape{{8192, 0, 4096, 12388}, true}}) {
+  for (const Shape& shape :
+       {Shape{{5000, 0, 1, 4096, 70000, 123}, false}, Shape{{8192, 0, 4096, 12388}, true}}) {
     TempDir dir;
     const std::vector<std::size_t>& lengths = shape.lengths;
     std::size_t total = 0;
@@ -251,8 +251,8 @@ KV_TEST(host_segments_round_trip_and_match_contiguous_files) {
     int job = 0;
     for (ODirectMode mode : o_direct_modes(dir)) {
       EngineConfig config = kvtest::engine_config(dir, mode);
-      config.staging_buffer_bytes = 16384;  // several pieces per block, pieces straddle segments
-      config.staging_bytes_total = 2 * 16384;
+      config.set_staging_buffer_bytes(16384);  // several pieces per block, pieces straddle segments
+      config.set_staging_bytes_total(2 * 16384);
       Engine engine(config);
       std::vector<std::unique_ptr<Memory>> parts;
       auto make_segments = [&](bool fill) {
@@ -325,8 +325,8 @@ KV_TEST(staged_blocks_that_fit_one_staging_buffer_round_trip) {
   for (std::size_t n : lengths) total += n;
   const auto bytes = kvtest::pattern(total, 91);
   EngineConfig config = kvtest::engine_config(dir, ODirectMode::kOn);
-  config.staging_buffer_bytes = 65536;
-  config.staging_bytes_total = 2 * 65536;
+  config.set_staging_buffer_bytes(65536);
+  config.set_staging_bytes_total(2 * 65536);
   std::vector<std::unique_ptr<Memory>> parts;
   auto segments = [&](bool fill) {
     return host_segments(parts, lengths, bytes, fill, [](std::size_t i) { return 5 + i; });
@@ -511,8 +511,8 @@ KV_TEST(durability_and_checksum_options_round_trip) {
        {kvtier::Durability::kNone, kvtier::Durability::kData, kvtier::Durability::kFull}) {
     for (kvtier::Checksum c : {kvtier::Checksum::kCrc32c, kvtier::Checksum::kNone}) {
       EngineConfig config = kvtest::engine_config(dir, ODirectMode::kAuto);
-      config.durability = d;
-      config.checksum = c;
+      config.set_durability(d);
+      config.set_checksum(c);
       Engine engine(config);
       const auto bytes = kvtest::pattern(9000, static_cast<std::uint32_t>(job));
       const std::string path =
@@ -529,7 +529,7 @@ KV_TEST(durability_and_checksum_options_round_trip) {
   // says "none"), and one written with a checksum loads under a non-checksumming engine.
   EngineConfig with = kvtest::engine_config(dir, ODirectMode::kOff);
   EngineConfig without = with;
-  without.checksum = kvtier::Checksum::kNone;
+  without.set_checksum(kvtier::Checksum::kNone);
   Engine e_with(with), e_without(without);
   const auto bytes = kvtest::pattern(5000, 5);
   std::vector<unsigned char> back(bytes.size());
@@ -621,11 +621,11 @@ KV_TEST(concurrent_writers_of_one_key_several_engines_one_process) {
 // key once with its own engine and exits 0 only if every store succeeded.
 static int writer_main(const std::string& dir, int keys) {
   EngineConfig config;
-  config.root_dir = dir;
-  config.fingerprint = "test-fingerprint";
-  config.n_read_threads = 1;
-  config.n_write_threads = 2;
-  config.io_engine = kvtest::io_engine_under_test();
+  config.set_root_dir(dir);
+  config.set_fingerprint("test-fingerprint");
+  config.set_n_read_threads(1);
+  config.set_n_write_threads(2);
+  config.set_io_engine(kvtest::io_engine_under_test());
   Engine engine(config);
   const auto bytes = kvtest::pattern(100000, 44);
   for (int k = 0; k < keys; ++k)

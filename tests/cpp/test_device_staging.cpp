@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "engine_helpers.hpp"
-#include "uring.hpp"
+#include "io/ring.hpp"
 
 namespace {
 
@@ -172,10 +172,10 @@ constexpr std::size_t kPieces = 8192, kWhole = 32768;
 EngineConfig device_config(const TempDir& dir, int device = 0, unsigned readers = 2,
                            unsigned writers = 2, std::size_t buffer_bytes = kPieces) {
   EngineConfig c = kvtest::engine_config(dir, kvtier::ODirectMode::kOff, readers, writers);
-  c.use_cuda = true;
-  c.cuda_device = device;
-  c.staging_buffer_bytes = buffer_bytes;
-  c.staging_bytes_total = 4 * buffer_bytes;
+  c.set_use_cuda(true);
+  c.set_cuda_device(device);
+  c.set_staging_buffer_bytes(buffer_bytes);
+  c.set_staging_bytes_total(4 * buffer_bytes);
   return c;
 }
 

@@ -34,17 +34,17 @@ KV_TEST(configuration_is_validated) {
     mutate(c);
     CHECK_THROWS(std::invalid_argument, Engine(c));
   };
-  bad([](EngineConfig& c) { c.n_read_threads = c.n_write_threads = 0; });
-  bad([](EngineConfig& c) { c.fingerprint = std::string(kvtier::kFingerprintSize + 1, 'x'); });
-  bad([](EngineConfig& c) { c.max_stores_in_flight_while_loading = 0; });
-  bad([](EngineConfig& c) { c.staging_buffer_bytes = 1000; });
-  bad([](EngineConfig& c) { c.staging_buffer_bytes = 0; });
-  bad([](EngineConfig& c) { c.staging_bytes_total = c.staging_buffer_bytes - 1; });
-  bad([](EngineConfig& c) { c.file_mode = 0400; });
-  bad([](EngineConfig& c) { c.file_mode = 010600; });
+  bad([](EngineConfig& c) { c.set_n_read_threads(0).set_n_write_threads(0); });
+  bad([](EngineConfig& c) { c.set_fingerprint(std::string(kvtier::kFingerprintSize + 1, 'x')); });
+  bad([](EngineConfig& c) { c.set_max_stores_in_flight_while_loading(0); });
+  bad([](EngineConfig& c) { c.set_staging_buffer_bytes(1000); });
+  bad([](EngineConfig& c) { c.set_staging_buffer_bytes(0); });
+  bad([](EngineConfig& c) { c.set_staging_bytes_total(c.staging_buffer_bytes() - 1); });
+  bad([](EngineConfig& c) { c.set_file_mode(0400); });
+  bad([](EngineConfig& c) { c.set_file_mode(010600); });
   bad([](EngineConfig& c) {
-    c.o_direct = ODirectMode::kAuto;
-    c.root_dir.clear();
+    c.set_o_direct(ODirectMode::kAuto);
+    c.set_root_dir("");
   });
   CHECK_THROWS(std::invalid_argument, kvtier::parse_o_direct("maybe"));
   CHECK_THROWS(std::invalid_argument, kvtier::parse_checksum("md5"));
@@ -56,7 +56,7 @@ KV_TEST(configuration_is_validated) {
   CHECK(kvtier::parse_durability("full") == kvtier::Durability::kFull);
   // A fingerprint of exactly the maximum size is fine.
   EngineConfig ok = kvtest::engine_config(dir);
-  ok.fingerprint = std::string(kvtier::kFingerprintSize, 'x');
+  ok.set_fingerprint(std::string(kvtier::kFingerprintSize, 'x'));
   Engine engine(ok);
   CHECK(!engine.is_shut_down());
 }
@@ -106,7 +106,7 @@ KV_TEST(round_trip_and_stats) {
 KV_TEST(file_mode_is_applied) {
   TempDir dir;
   EngineConfig config = kvtest::engine_config(dir);
-  config.file_mode = 0640;
+  config.set_file_mode(0640);
   Engine engine(config);
   const auto bytes = kvtest::pattern(100, 1);
   CHECK(kvtest::store(engine, 1, dir / "x/f", "k", bytes.data(), bytes.size()).success);
@@ -494,7 +494,7 @@ KV_TEST(completion_eventfd_is_signalled) {
     CHECK_EQ(plain.completion_eventfd(), -1);
   }
   EngineConfig config = kvtest::engine_config(dir);
-  config.completion_eventfd = true;
+  config.set_completion_eventfd(true);
   Engine engine(config);
   const int fd = engine.completion_eventfd();
   CHECK(fd >= 0);

@@ -123,8 +123,8 @@ std::size_t stores_before_first_load(const std::vector<Completion>& work) {
 void load_overtakes_store_backlog(unsigned readers, unsigned writers, unsigned cap) {
   Fixture f;
   EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kAuto, readers, writers);
-  config.max_stores_in_flight_while_loading = cap;
-  config.durability = kvtier::Durability::kData;  // each store waits for the device
+  config.set_max_stores_in_flight_while_loading(cap);
+  config.set_durability(kvtier::Durability::kData);  // each store waits for the device
   f.prepare_load_files(config, 1);
   Engine& engine = f.start(config);
   const int workers = static_cast<int>(readers + writers);
@@ -241,8 +241,7 @@ void hold_stores(Fixture& f, Engine& engine, int n) {
   const std::size_t first = f.gates.size();
   for (int i = 0; i < n; ++i) {
     f.gates.push_back(std::make_unique<Gate>(f.dir / ("held" + std::to_string(first + i))));
-    engine.submit(kHeldIdBase + first + i, Direction::kStore,
-                  {f.gates.back()->store_op(kBlock)});
+    engine.submit(kHeldIdBase + first + i, Direction::kStore, {f.gates.back()->store_op(kBlock)});
   }
 }
 
@@ -289,7 +288,7 @@ KV_TEST(load_starts_before_queued_stores_when_a_store_worker_frees) {
   // store), and no queued store completes before it.
   Fixture f;
   EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 0, 2);
-  config.max_stores_in_flight_while_loading = 1;
+  config.set_max_stores_in_flight_while_loading(1);
   f.prepare_load_files(config, 1);
   Engine& engine = f.start(config);
   hold_stores(f, engine, 2);
@@ -314,8 +313,8 @@ KV_TEST(store_cap_outlasts_the_last_load_by_the_linger) {
   // so the next load finds a short queue. (The linger here outlasts the test.)
   Fixture f;
   EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 1, 3);
-  config.max_stores_in_flight_while_loading = 1;
-  config.store_cap_linger_ms = 3600 * 1000;
+  config.set_max_stores_in_flight_while_loading(1);
+  config.set_store_cap_linger_ms(3600 * 1000);
   f.prepare_load_files(config, 2);
   Engine& engine = f.start(config);
   f.submit_load(engine, 0);
@@ -339,8 +338,8 @@ namespace {
 void stores_uncapped_after_linger(unsigned linger_ms) {
   Fixture f;
   EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 1, 3);
-  config.max_stores_in_flight_while_loading = 1;
-  config.store_cap_linger_ms = linger_ms;
+  config.set_max_stores_in_flight_while_loading(1);
+  config.set_store_cap_linger_ms(linger_ms);
   f.prepare_load_files(config, 1);
   Engine& engine = f.start(config);
   f.submit_load(engine, 0);

@@ -1,5 +1,5 @@
-// The block header (csrc/src/header.hpp): what is encoded is verified, and every field that
-// can go wrong is caught with a message that says which.
+// The block header (csrc/src/io/block_header.hpp): what is encoded is verified, and every field
+// that can go wrong is caught with a message that says which.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -7,7 +7,7 @@
 #include <kvtier/format.hpp>
 
 #include "harness.hpp"
-#include "header.hpp"
+#include "io/block_header.hpp"
 
 namespace {
 

@@ -1,11 +1,11 @@
-// The lock-free completion queue (csrc/src/mpsc_queue.hpp): FIFO order, the empty/stub
+// The lock-free completion queue (csrc/src/util/mpsc_queue.hpp): FIFO order, the empty/stub
 // transitions, and exactly-once delivery with several producers racing one consumer.
 #include <atomic>
 #include <thread>
 #include <vector>
 
 #include "harness.hpp"
-#include "mpsc_queue.hpp"
+#include "util/mpsc_queue.hpp"
 
 namespace {
 

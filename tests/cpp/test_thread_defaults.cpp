@@ -15,8 +15,7 @@ void check_counts(unsigned cores, unsigned queue_depth, unsigned want) {
   CHECK_MSG(got.n_read_threads == want && got.n_write_threads == want,
             "cores " + std::to_string(cores) + ", queue depth " + std::to_string(queue_depth) +
                 ": got " + std::to_string(got.n_read_threads) + " + " +
-                std::to_string(got.n_write_threads) + ", want " + std::to_string(want) +
-                " each");
+                std::to_string(got.n_write_threads) + ", want " + std::to_string(want) + " each");
 }
 
 }  // namespace
@@ -64,20 +63,20 @@ KV_TEST(usable_cores_is_the_affinity_mask) {
 KV_TEST(engine_defaults_to_the_machine_counts_and_explicit_counts_win) {
   kvtest::TempDir dir;
   EngineConfig config = kvtest::engine_config(dir);
-  config.n_read_threads = kMachineThreads;
-  config.n_write_threads = kMachineThreads;
+  config.set_n_read_threads(kMachineThreads);
+  config.set_n_write_threads(kMachineThreads);
   const kvtier::ThreadCounts machine = kvtier::machine_thread_counts(dir.path());
   {
     kvtier::Engine engine(config);
-    CHECK_EQ(engine.config().n_read_threads, machine.n_read_threads);
-    CHECK_EQ(engine.config().n_write_threads, machine.n_write_threads);
+    CHECK_EQ(engine.config().n_read_threads(), machine.n_read_threads);
+    CHECK_EQ(engine.config().n_write_threads(), machine.n_write_threads);
   }
-  config.n_read_threads = 3;  // one explicit, one default
+  config.set_n_read_threads(3);  // one explicit, one default
   {
     kvtier::Engine engine(config);
-    CHECK_EQ(engine.config().n_read_threads, 3u);
-    CHECK_EQ(engine.config().n_write_threads, machine.n_write_threads);
+    CHECK_EQ(engine.config().n_read_threads(), 3u);
+    CHECK_EQ(engine.config().n_write_threads(), machine.n_write_threads);
   }
-  CHECK(EngineConfig{}.n_read_threads == kMachineThreads);
-  CHECK(EngineConfig{}.n_write_threads == kMachineThreads);
+  CHECK(EngineConfig{}.n_read_threads() == kMachineThreads);
+  CHECK(EngineConfig{}.n_write_threads() == kMachineThreads);
 }

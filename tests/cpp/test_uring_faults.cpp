@@ -24,10 +24,10 @@
 
 #include <kvtier/kvtier.hpp>
 
-#include "block_io.hpp"
 #include "engine_helpers.hpp"
 #include "harness.hpp"
-#include "uring.hpp"
+#include "io/block_io.hpp"
+#include "io/ring.hpp"
 
 using kvtest::TempDir;
 using kvtier::Completion;
@@ -80,8 +80,8 @@ std::size_t open_fds() {
 EngineConfig config_for(const TempDir& dir,
                         kvtier::Durability durability = kvtier::Durability::kNone) {
   EngineConfig c = kvtest::engine_config(dir, kvtier::ODirectMode::kOff, 1, 1);
-  c.io_engine = kvtier::IoEngine::kIoUring;
-  c.durability = durability;
+  c.set_io_engine(kvtier::IoEngine::kIoUring);
+  c.set_durability(durability);
   return c;
 }
 
@@ -187,8 +187,7 @@ bool datasync_fails(const io_uring_sqe& sqe, int& result, void* arg) {
     result = static_cast<int>(sqe.len);
     return true;
   }
-  if (sqe.opcode != IORING_OP_FSYNC || (sqe.fsync_flags & IORING_FSYNC_DATASYNC) == 0)
-    return false;
+  if (sqe.opcode != IORING_OP_FSYNC || (sqe.fsync_flags & IORING_FSYNC_DATASYNC) == 0) return false;
   static_cast<Fault*>(arg)->injected.fetch_add(1);
   result = -EIO;
   return true;
@@ -223,9 +222,9 @@ bool record_filter(const io_uring_sqe& sqe, int&, void* arg) {
   auto* s = static_cast<Submitted*>(arg);
   if (sqe.opcode == IORING_OP_WRITEV && (sqe.rw_flags & RWF_NOWAIT) != 0) ++s->nowait_writev;
   const bool datasync = (sqe.fsync_flags & IORING_FSYNC_DATASYNC) != 0;
-  std::atomic<int>& count = sqe.opcode == IORING_OP_WRITEV   ? s->writev
-                            : sqe.opcode == IORING_OP_FSYNC  ? (datasync ? s->datasync : s->fsync)
-                            : sqe.opcode == IORING_OP_CLOSE  ? s->close
+  std::atomic<int>& count = sqe.opcode == IORING_OP_WRITEV     ? s->writev
+                            : sqe.opcode == IORING_OP_FSYNC    ? (datasync ? s->datasync : s->fsync)
+                            : sqe.opcode == IORING_OP_CLOSE    ? s->close
                             : sqe.opcode == IORING_OP_RENAMEAT ? s->rename
                                                                : s->other;
   ++count;
@@ -234,7 +233,7 @@ bool record_filter(const io_uring_sqe& sqe, int&, void* arg) {
 }  // namespace
 
 // The ring carries a store's writev (with RWF_NOWAIT) and fdatasync only: close, rename and
-// the directory's fsync, which cost io-wq hand-offs on the ring (block_io_uring.cpp), are made
+// the directory's fsync, which cost io-wq hand-offs on the ring (io_uring_engine.cpp), are made
 // by the worker after the batch's writes. Their failures are tested through the LD_PRELOAD
 // interposer on both engines (tests/python/test_faults.py).
 KV_TEST(a_store_puts_only_its_write_and_data_sync_on_the_ring) {
@@ -375,9 +374,9 @@ EngineConfig shape_config(const TempDir& dir, Shape shape,
                           kvtier::Durability durability = kvtier::Durability::kNone) {
   EngineConfig c = config_for(dir, durability);
   if (shape == Shape::kStaged) {
-    c.o_direct = kvtier::ODirectMode::kOn;
-    c.staging_buffer_bytes = 32768;  // the header page and the 16 KiB padded payload fit
-    c.staging_bytes_total = 4 * c.staging_buffer_bytes;
+    c.set_o_direct(kvtier::ODirectMode::kOn);
+    c.set_staging_buffer_bytes(32768);  // the header page and the 16 KiB padded payload fit
+    c.set_staging_bytes_total(4 * c.staging_buffer_bytes());
   }
   return c;
 }
@@ -476,7 +475,7 @@ KV_TEST(segmented_and_staged_blocks_go_through_the_ring_byte_exact) {
     check_loads_back(dir, shape);
     // The file is the one the psync engine writes for the same payload.
     EngineConfig psync = kvtest::engine_config(dir, kvtier::ODirectMode::kOff, 1, 1);
-    psync.io_engine = kvtier::IoEngine::kPsync;
+    psync.set_io_engine(kvtier::IoEngine::kPsync);
     {
       Engine engine(psync);
       const Completion c =
@@ -607,9 +606,9 @@ KV_TEST(more_staged_blocks_than_staging_buffers_all_complete) {
   TempDir dir;
   if (!runs_here(dir, Shape::kStaged)) return;
   EngineConfig config = shape_config(dir, Shape::kStaged);
-  config.n_write_threads = 2;
-  config.n_read_threads = 2;
-  config.staging_bytes_total = 2 * config.staging_buffer_bytes;
+  config.set_n_write_threads(2);
+  config.set_n_read_threads(2);
+  config.set_staging_bytes_total(2 * config.staging_buffer_bytes());
   Opcodes count;
   kvtier::detail::set_submit_filter(&count_opcodes, &count);
   {
@@ -717,8 +716,8 @@ KV_TEST(staged_blocks_go_by_address_where_buffers_cannot_be_registered) {
   TempDir dir;
   if (!runs_here(dir, Shape::kStaged)) return;
   EngineConfig config = shape_config(dir, Shape::kStaged);
-  config.staging_buffer_bytes = std::size_t{1} << 20;  // over the lowered limit
-  config.staging_bytes_total = 2 * config.staging_buffer_bytes;
+  config.set_staging_buffer_bytes(std::size_t{1} << 20);  // over the lowered limit
+  config.set_staging_bytes_total(2 * config.staging_buffer_bytes());
   Opcodes count;
   auto src = memory_for(Shape::kStaged);
   auto back = memory_for(Shape::kStaged);

@@ -545,9 +545,10 @@ def test_package_imports_and_works_without_any_cuda_runtime(tmp_path):
 
 def _native_files() -> list[Path]:
     core_module = Path(_core.__file__).resolve()
-    core_library = Path(kvtier.cmake_dir()).resolve().parents[1] / "libkvtier_core.so"
-    assert core_library.is_file(), f"libkvtier_core.so not found next to {kvtier.cmake_dir()}"
-    return [core_module, core_library]
+    # libkvtier_core.so.MAJOR.MINOR: the versioned SONAME is the file itself in the wheel.
+    libraries = sorted(Path(kvtier.cmake_dir()).resolve().parents[1].glob("libkvtier_core.so*"))
+    assert libraries, f"libkvtier_core.so* not found next to {kvtier.cmake_dir()}"
+    return [core_module, *libraries]
 
 
 @pytest.mark.skipif(shutil.which("ldd") is None, reason="ldd is not installed")

@@ -264,7 +264,7 @@ def test_segmented_and_staged_blocks_go_through_the_ring(tmp_path: Path, layout:
     assert psync.get("pwritev", 0) >= 16 and psync.get("preadv", 0) >= 16, psync
     # Loads read in io_uring_enter. A store's write goes on the ring with RWF_NOWAIT: where the
     # file system cannot write a new file without blocking (ext4, tmpfs) it comes back and the
-    # worker makes it with one pwritev (block_io_uring.cpp), else it completes in the ring.
+    # worker makes it with one pwritev (io_uring_engine.cpp), else it completes in the ring.
     assert not (data_calls - {"pwritev"}) & uring.keys(), uring
     assert uring.get("pwritev", 0) in (0, 16), uring
     assert uring.get("io_uring_enter", 0) >= 4, uring  # batches of at most 8 blocks

@@ -3,9 +3,12 @@
 #include <cstddef>
 #include <vector>
 
+#include <kvtier/export.hpp>
 #include <kvtier/job.hpp>
+#include <kvtier/version.hpp>
 
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 
 /// A contiguous piece of one block inside a region, relative to the block's start.
 struct Run {
@@ -27,7 +30,7 @@ struct Region {
 /// Where each block's payload lives across a list of regions: the payload of block b is, for
 /// each region in order, its runs for b. Engines describe their KV cache once and then name
 /// blocks by index.
-class BlockLayout {
+class KVTIER_EXPORT BlockLayout {
  public:
   /// Throws std::invalid_argument for no regions, a region without runs or blocks, or a null
   /// base.
@@ -49,4 +52,5 @@ class BlockLayout {
   bool has_device_memory_ = false;
 };
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

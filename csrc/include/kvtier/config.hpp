@@ -1,14 +1,23 @@
 #pragma once
 
 #include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include <kvtier/export.hpp>
 #include <kvtier/format.hpp>
 #include <kvtier/thread_defaults.hpp>
+#include <kvtier/version.hpp>
 
 namespace kvtier {
+namespace detail {  // internals, outside the ABI namespace: see EngineConfig
+struct EngineSettings;
+struct SettingsAccess;
+}  // namespace detail
+inline namespace KVTIER_ABI_NAMESPACE {
 
 /// The ranges of EngineConfig fields the Engine constructor accepts (it throws
 /// std::invalid_argument outside them). The one definition: the constructor's checks use these
@@ -52,79 +61,147 @@ enum class Durability {
 /// same failures; io_uring needs no liburing (the core makes the system calls itself).
 enum class IoEngine {
   kAuto,     ///< io_uring where the kernel allows it, otherwise psync (the reason is kept)
-  kIoUring,  ///< require io_uring; the Engine constructor throws SystemError (the kernel's
-             ///< errno: EPERM when disabled by sysctl or seccomp, ENOSYS without io_uring)
+  kIoUring,  ///< require io_uring; the Engine constructor throws IoUringRefusedError (a
+             ///< SystemError with the kernel's errno: EPERM when disabled by sysctl or
+             ///< seccomp, ENOSYS without io_uring)
   kPsync,    ///< pread/pwrite system calls from the worker threads
 };
 
-/// Everything an Engine needs; every field has a usable default.
-struct EngineConfig {
-  /// Required. Every block path must lie below it (others fail with EPERM); it is created
-  /// if missing, probed for O_DIRECT, and block paths are resolved from it without following
-  /// any symbolic link below it.
-  std::string root_dir;
-  /// Workers that take loads (and stores only when n_write_threads is 0). kMachineThreads:
-  /// machine_thread_counts(root_dir) at construction (Engine::config() shows the count).
-  unsigned n_read_threads = kMachineThreads;
-  /// Workers that take stores first (and loads when no store waits). kMachineThreads as above.
-  unsigned n_write_threads = kMachineThreads;
-  ODirectMode o_direct = ODirectMode::kAuto;
-  Checksum checksum = Checksum::kCrc32c;
-  /// With io_uring each worker owns a ring and submits up to 8 blocks of one job (2 MiB of
-  /// payload; stores only while no load waits) in one io_uring_enter, each block a linked
-  /// chain (store: writev, [fdatasync], close, rename; load: readv, close).
-  IoEngine io_engine = IoEngine::kAuto;
-  Durability durability = Durability::kNone;
-  /// Permission bits of new block files (block files reveal prompts: private by default);
+/// Everything an Engine needs; every setting has a usable default. Each setting has a getter
+/// and a setter (which returns the config, so setters chain):
+///
+///     kvtier::EngineConfig config;
+///     config.set_root_dir("/mnt/nvme/kv").set_n_read_threads(4).set_durability(
+///         kvtier::Durability::kData);
+///
+/// The settings live behind a pointer: new ones are new functions, so programs built against
+/// an older release of the same minor version keep working with a newer library. Values are
+/// checked by the Engine constructor (std::invalid_argument; ranges in kvtier::limits), not
+/// by the setters. Copyable; a copy is independent of the original.
+class KVTIER_EXPORT EngineConfig {
+ public:
+  EngineConfig();
+  ~EngineConfig();
+  EngineConfig(const EngineConfig& other);
+  EngineConfig& operator=(const EngineConfig& other);
+
+  /// Required. Every block path must lie below it (others fail with EPERM); it is created if
+  /// missing, probed for O_DIRECT, and block paths are resolved from it without following any
+  /// symbolic link below it.
+  const std::string& root_dir() const noexcept;
+  EngineConfig& set_root_dir(std::string value);
+
+  /// Workers that take loads (and stores only when n_write_threads is 0). kMachineThreads (the
+  /// default): machine_thread_counts(root_dir) at construction (Engine::config() shows the
+  /// count).
+  unsigned n_read_threads() const noexcept;
+  EngineConfig& set_n_read_threads(unsigned value);
+
+  /// Workers that take stores first (and loads when no store waits). kMachineThreads (the
+  /// default) as above.
+  unsigned n_write_threads() const noexcept;
+  EngineConfig& set_n_write_threads(unsigned value);
+
+  /// Default kAuto.
+  ODirectMode o_direct() const noexcept;
+  EngineConfig& set_o_direct(ODirectMode value);
+
+  /// Default kCrc32c.
+  Checksum checksum() const noexcept;
+  EngineConfig& set_checksum(Checksum value);
+
+  /// Default kAuto. With io_uring each worker owns a ring and submits up to 8 blocks of one
+  /// job (2 MiB of payload; stores only while no load waits) in one io_uring_enter, each block
+  /// a linked chain (store: writev, [fdatasync], close, rename; load: readv, close).
+  IoEngine io_engine() const noexcept;
+  EngineConfig& set_io_engine(IoEngine value);
+
+  /// Default kNone.
+  Durability durability() const noexcept;
+  EngineConfig& set_durability(Durability value);
+
+  /// Permission bits of new block files (default 0600: block files reveal prompts);
   /// directories the engine creates get kvtier::directory_mode(file_mode).
-  mode_t file_mode = 0600;
+  mode_t file_mode() const noexcept;
+  EngineConfig& set_file_mode(mode_t value);
+
   /// Identifies the layout the bytes were written for; a load of a file written with a
-  /// different fingerprint fails. At most kFingerprintSize bytes.
-  std::string fingerprint;
+  /// different fingerprint fails. At most kFingerprintSize bytes (default empty).
+  const std::string& fingerprint() const noexcept;
+  EngineConfig& set_fingerprint(std::string value);
+
   /// While loads are queued or running, and for store_cap_linger_ms after the last load
-  /// finished, at most this many store operations run at once, so a load waits only for the
-  /// few writes already at the device, also when an engine issues one small load at a time.
-  unsigned max_stores_in_flight_while_loading = 2;
-  /// How long the store cap outlasts the last load (0: only while loads wait or run). An
-  /// engine that loads one job per step submits the next within a step or two.
-  unsigned store_cap_linger_ms = 100;
+  /// finished, at most this many store operations run at once (default 2), so a load waits
+  /// only for the few writes already at the device, also when an engine issues one small load
+  /// at a time.
+  unsigned max_stores_in_flight_while_loading() const noexcept;
+  EngineConfig& set_max_stores_in_flight_while_loading(unsigned value);
+
+  /// How long the store cap outlasts the last load (default 100; 0: only while loads wait or
+  /// run). An engine that loads one job per step submits the next within a step or two.
+  unsigned store_cap_linger_ms() const noexcept;
+  EngineConfig& set_store_cap_linger_ms(unsigned value);
+
   /// Upper bound on the page-aligned staging buffers (allocated on first use) that carry
-  /// payloads in unaligned host memory under O_DIRECT, and device memory.
-  std::size_t staging_bytes_total = std::size_t{64} << 20;
-  /// Size of one staging buffer; larger payloads move through it in pieces.
-  std::size_t staging_buffer_bytes = std::size_t{2} << 20;
-  /// Load the CUDA runtime so that segments may be MemoryKind::kDevice (the constructor throws
-  /// std::runtime_error when no runtime or device is found); staging buffers are then pinned.
-  bool use_cuda = false;
-  /// Device that kDevice segments live on; -1 = the caller's current device at construction.
-  int cuda_device = -1;
-  /// Nice value (0 to 19) of the worker threads. Their work is background I/O; a positive
-  /// value keeps them from taking CPU away from the engine's scheduler loop on busy hosts, and
-  /// costs nothing while cores are idle.
-  int worker_nice = 19;
-  /// Nice value (0 to 19) of the load-only workers (n_read_threads, when n_write_threads > 0).
-  /// A load is what a request waits for, so by default it runs at the caller's priority,
-  /// above the stores; an unprivileged thread cannot lower its nice value again, so workers
-  /// keep one priority for life and the load-only ones never run stores.
-  int load_nice = 0;
+  /// payloads in unaligned host memory under O_DIRECT, and device memory. Default 64 MiB.
+  std::size_t staging_bytes_total() const noexcept;
+  EngineConfig& set_staging_bytes_total(std::size_t value);
+
+  /// Size of one staging buffer (default 2 MiB); larger payloads move through it in pieces.
+  std::size_t staging_buffer_bytes() const noexcept;
+  EngineConfig& set_staging_buffer_bytes(std::size_t value);
+
+  /// Load the CUDA runtime so that segments may be MemoryKind::kDevice (the constructor
+  /// throws std::runtime_error when no runtime or device is found); staging buffers are then
+  /// pinned. Default false.
+  bool use_cuda() const noexcept;
+  EngineConfig& set_use_cuda(bool value);
+
+  /// Device that kDevice segments live on; -1 (the default) = the caller's current device at
+  /// construction.
+  int cuda_device() const noexcept;
+  EngineConfig& set_cuda_device(int value);
+
+  /// Nice value (0 to 19, default 19) of the worker threads. Their work is background I/O; a
+  /// positive value keeps them from taking CPU away from the engine's scheduler loop on busy
+  /// hosts, and costs nothing while cores are idle.
+  int worker_nice() const noexcept;
+  EngineConfig& set_worker_nice(int value);
+
+  /// Nice value (0 to 19, default 0) of the load-only workers (n_read_threads, when
+  /// n_write_threads > 0). A load is what a request waits for, so by default it runs at the
+  /// caller's priority, above the stores; an unprivileged thread cannot lower its nice value
+  /// again, so workers keep one priority for life and the load-only ones never run stores.
+  int load_nice() const noexcept;
+  EngineConfig& set_load_nice(int value);
+
   /// Pin worker threads to the CPUs of the GPU's NUMA node, where the system exposes it.
-  bool numa_bind = false;
-  /// Create an eventfd that is signalled whenever a completion is published.
-  bool completion_eventfd = false;
+  /// Default false.
+  bool numa_bind() const noexcept;
+  EngineConfig& set_numa_bind(bool value);
+
+  /// Create an eventfd that is signalled whenever a completion is published. Default false.
+  bool completion_eventfd() const noexcept;
+  EngineConfig& set_completion_eventfd(bool value);
+
+ private:
+  friend struct detail::SettingsAccess;
+  std::unique_ptr<detail::EngineSettings> settings_;
 };
 
 /// Parses "auto" / "true" / "false" (and "on"/"off"/"1"/"0"); throws std::invalid_argument.
-ODirectMode parse_o_direct(const std::string& text);
+KVTIER_EXPORT ODirectMode parse_o_direct(const std::string& text);
 /// Parses "crc32c" / "none"; throws std::invalid_argument.
-Checksum parse_checksum(const std::string& text);
+KVTIER_EXPORT Checksum parse_checksum(const std::string& text);
 /// Parses "none" / "data" / "full"; throws std::invalid_argument.
-Durability parse_durability(const std::string& text);
+KVTIER_EXPORT Durability parse_durability(const std::string& text);
 /// Parses "auto" / "io_uring" / "psync"; throws std::invalid_argument.
-IoEngine parse_io_engine(const std::string& text);
+KVTIER_EXPORT IoEngine parse_io_engine(const std::string& text);
 
-const char* to_string(ODirectMode mode) noexcept;
-const char* to_string(Checksum checksum) noexcept;
-const char* to_string(Durability durability) noexcept;
-const char* to_string(IoEngine engine) noexcept;
+KVTIER_EXPORT const char* to_string(ODirectMode mode) noexcept;
+KVTIER_EXPORT const char* to_string(Checksum checksum) noexcept;
+KVTIER_EXPORT const char* to_string(Durability durability) noexcept;
+KVTIER_EXPORT const char* to_string(IoEngine engine) noexcept;
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

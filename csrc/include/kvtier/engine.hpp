@@ -7,9 +7,12 @@
 #include <vector>
 
 #include <kvtier/config.hpp>
+#include <kvtier/export.hpp>
 #include <kvtier/job.hpp>
+#include <kvtier/version.hpp>
 
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 
 /// Counters since the engine started (a consistent-enough snapshot, not atomic as a whole).
 struct EngineStats {
@@ -32,7 +35,7 @@ struct EngineStats {
 /// (pop_completions() callers take turns; each job is reported to exactly one of them).
 ///
 /// fork(): a child inherits none of the workers. There the engine refuses every job
-/// (submit, pop_completions, drain and stats throw std::runtime_error), is_shut_down() is
+/// (submit, pop_completions, drain and stats throw ForkedProcessError), is_shut_down() is
 /// true, shutdown() does nothing, and the destructor frees only the completion eventfd (the
 /// rest of the child's copy goes when the child exits). The parent's engine is unaffected.
 ///
@@ -40,13 +43,15 @@ struct EngineStats {
 /// engine and not yet finished waits (parked, without occupying a worker) until no store of
 /// that path is pending, then reads the file those stores left (or misses, when they failed).
 /// Paths are compared as strings.
-class Engine {
+class KVTIER_EXPORT Engine {
  public:
   /// Creates (with directory_mode(file_mode)) and opens config.root_dir, starts the workers
   /// and, for ODirectMode::kAuto / kOn, probes the root. Block paths must lie below the root.
   /// Throws std::invalid_argument for a bad configuration (an empty root_dir too),
   /// SystemError when the root cannot be created or opened, or when kOn is asked for and the
-  /// root does not support O_DIRECT (or cannot be probed).
+  /// root does not support O_DIRECT (or cannot be probed), IoUringRefusedError when
+  /// IoEngine::kIoUring is asked for and the kernel refuses io_uring, std::runtime_error when
+  /// use_cuda finds no CUDA runtime or device.
   explicit Engine(EngineConfig config);
   /// Shuts down (see shutdown()) and frees everything.
   ~Engine();
@@ -60,10 +65,10 @@ class Engine {
   /// staging for stores, staging to device for loads) start only after the work queued on
   /// that stream so far has finished. The calling thread's current device is left unchanged.
   /// Throws std::invalid_argument for a job id already in flight or a bad block (null data,
-  /// empty path, oversized key, device memory without use_cuda), std::runtime_error after
-  /// shutdown() or when CUDA fails to record the stream's event, std::bad_alloc when memory
-  /// runs out. All or nothing: a submit that throws queued nothing, is never reported, and
-  /// leaves the job id free.
+  /// empty path, oversized key, device memory without use_cuda), EngineShutDownError after
+  /// shutdown(), std::runtime_error when CUDA fails to record the stream's event,
+  /// std::bad_alloc when memory runs out. All or nothing: a submit that throws queued nothing, is
+  /// never reported, and leaves the job id free.
   void submit(JobId job_id, Direction direction, std::vector<BlockOp> blocks,
               void* cuda_stream = nullptr);
 
@@ -103,7 +108,10 @@ class Engine {
   /// The NUMA node the workers are pinned to, or -1.
   int numa_node() const noexcept;
 
+  /// Counters and queue depths. Throws ForkedProcessError in a forked child.
   EngineStats stats() const;
+  /// The configuration the engine runs with: as given, with the machine-sized thread counts
+  /// and the CUDA device resolved.
   const EngineConfig& config() const noexcept;
 
  private:
@@ -112,12 +120,13 @@ class Engine {
 };
 
 /// Whether a CUDA runtime and at least one device are present in this process.
-bool cuda_available() noexcept;
+KVTIER_EXPORT bool cuda_available() noexcept;
 /// Why cuda_available() is false (empty when it is true).
-std::string cuda_unavailable_reason();
+KVTIER_EXPORT std::string cuda_unavailable_reason();
 
 /// Tries to create, O_DIRECT-write and read a probe file in `dir`.
 /// Returns an empty string when O_DIRECT works, else the reason it does not.
-std::string probe_o_direct(const std::string& dir);
+KVTIER_EXPORT std::string probe_o_direct(const std::string& dir);
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

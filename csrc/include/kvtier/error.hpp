@@ -4,6 +4,9 @@
 #include <string>
 #include <system_error>
 
+#include <kvtier/export.hpp>
+#include <kvtier/version.hpp>
+
 /// "file:line" of the place this macro is expanded, as one string literal (no cost at run
 /// time). The build maps the source directory away (-fmacro-prefix-map), so inside kvtier it
 /// reads "csrc/src/fs/beneath.cpp:90".
@@ -18,11 +21,12 @@
 #define KVTIER_ERROR_AT(type, ...) type(__VA_ARGS__, KVTIER_SOURCE_LOCATION)
 
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 
 /// A failed system call: carries errno (code().value()), the path it concerned (empty when
 /// none) and the place in kvtier's sources that threw it (where(): "file:line", empty when
 /// the thrower did not say). what() is the message followed by ": " and strerror(errno).
-class SystemError : public std::system_error {
+class KVTIER_EXPORT SystemError : public std::system_error {
  public:
   SystemError(int errno_value, const std::string& what, std::string path, std::string where = {})
       : std::system_error(errno_value, std::generic_category(), what),
@@ -46,7 +50,7 @@ class SystemError : public std::system_error {
 /// seccomp filter; ENOSYS: a kernel without io_uring; EOPNOTSUPP: an opcode the block
 /// operations need is missing), path() the root directory. IoEngine::kAuto would have used
 /// psync instead. Callers that need no distinction catch SystemError.
-class IoUringRefusedError : public SystemError {
+class KVTIER_EXPORT IoUringRefusedError : public SystemError {
  public:
   using SystemError::SystemError;
   ~IoUringRefusedError() override;
@@ -55,7 +59,7 @@ class IoUringRefusedError : public SystemError {
 };
 
 /// A job was submitted to an Engine after shutdown() began. Nothing was queued.
-class EngineShutDownError : public std::runtime_error {
+class KVTIER_EXPORT EngineShutDownError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
   ~EngineShutDownError() override;
@@ -66,7 +70,7 @@ class EngineShutDownError : public std::runtime_error {
 /// An Engine was used in a process forked from the one that created it: its worker threads
 /// do not exist there (see Engine). Create a new engine in the child, or start children with
 /// spawn/exec.
-class ForkedProcessError : public std::runtime_error {
+class KVTIER_EXPORT ForkedProcessError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
   ~ForkedProcessError() override;
@@ -74,4 +78,5 @@ class ForkedProcessError : public std::runtime_error {
   ForkedProcessError& operator=(const ForkedProcessError&) = default;
 };
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

@@ -6,31 +6,35 @@
 #include <string>
 #include <vector>
 
+#include <kvtier/export.hpp>
+#include <kvtier/version.hpp>
+
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 
 /// Mode of every directory the tier creates for files of `file_mode`: the file's permission
 /// bits plus search (x) wherever they grant read (0600 -> 0700, 0660 -> 0770, 0666 -> 0777).
 /// The one definition of this rule; Python reads it through kvtier._core.directory_mode.
-mode_t directory_mode(mode_t file_mode) noexcept;
+KVTIER_EXPORT mode_t directory_mode(mode_t file_mode) noexcept;
 
 /// Regular expression (the subset Python's `re` and ECMAScript share) matching the name of a
 /// tmp file: `<final name>.<host>.<pid>.<n>.tmp`, groups 1 to 4 in that order. Python's sweep
 /// and capacity code match with it (kvtier._core.TMP_FILE_PATTERN); tmp_file_name() writes it.
-extern const char kTmpFilePattern[];
+KVTIER_EXPORT extern const char kTmpFilePattern[];
 
 /// The host part of tmp file names: the first label of the host name ("localhost" if unknown).
-std::string host_label();
+KVTIER_EXPORT std::string host_label();
 
 /// A fresh tmp file name for `final_name` in the same directory, unique within this host:
 /// `<final_name>.<host_label()>.<pid>.<n>.tmp` with `n` from a process-wide counter.
-std::string tmp_file_name(const std::string& final_name);
+KVTIER_EXPORT std::string tmp_file_name(const std::string& final_name);
 
 /// Marks a freshly created tmp file as written by a live process: an OFD write lock on the
 /// whole file, held until `fd`'s open file description is closed. Other processes, also in
 /// other PID namespaces, see it through tmp_file_writer(). Returns 0; EAGAIN when another
 /// process holds a lock on the file; ENOLCK, EINVAL, EOPNOTSUPP or ENOSYS when the file system
 /// has no such locks (the file then carries no liveness mark).
-int lock_tmp_file(int fd) noexcept;
+KVTIER_EXPORT int lock_tmp_file(int fd) noexcept;
 
 /// Whether the process writing a tmp file still runs, as far as locks can tell.
 enum class TmpWriter {
@@ -43,12 +47,13 @@ enum class TmpWriter {
 /// Checks the lock of the tmp file at `path` (never follows a final symlink, never blocks on
 /// a FIFO). A kGone file may still be in the instant between its creation and its lock:
 /// writers verify after locking that their file was not removed meanwhile, and retry.
-TmpWriter tmp_file_writer(const std::string& path) noexcept;
+KVTIER_EXPORT TmpWriter tmp_file_writer(const std::string& path) noexcept;
 
 /// Whether each of `paths` is a regular file reached from `root_dir` without following any
 /// symbolic link below it; a path that is not below `root_dir` is absent. With an empty
 /// `root_dir` only the last component of each path must not be a link.
-std::vector<bool> regular_files_exist(const std::string& root_dir,
-                                      const std::vector<std::string>& paths);
+KVTIER_EXPORT std::vector<bool> regular_files_exist(const std::string& root_dir,
+                                                    const std::vector<std::string>& paths);
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

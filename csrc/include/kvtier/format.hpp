@@ -3,8 +3,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <kvtier/export.hpp>
+#include <kvtier/version.hpp>
+
 /// The on-disk block file format. docs/FORMAT.md specifies it byte by byte.
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 
 /// Size of the header at the start of every block file; the payload starts here.
 inline constexpr std::size_t kHeaderSize = 4096;
@@ -20,14 +24,16 @@ inline constexpr std::size_t kMaxKeySize = 1024;
 
 /// CRC32C (Castagnoli), using the CPU's crc32 instruction where present.
 /// `crc` is a previous result to continue from (0 to start).
-std::uint32_t crc32c(const void* data, std::size_t length, std::uint32_t crc = 0) noexcept;
+KVTIER_EXPORT std::uint32_t crc32c(const void* data, std::size_t length,
+                                   std::uint32_t crc = 0) noexcept;
 
 /// Whether crc32c() runs on the hardware instruction.
-bool crc32c_is_hardware() noexcept;
+KVTIER_EXPORT bool crc32c_is_hardware() noexcept;
 
 /// Round `n` up to a multiple of kAlignment.
 constexpr std::size_t align_up(std::size_t n) noexcept {
   return (n + kAlignment - 1) / kAlignment * kAlignment;
 }
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

@@ -5,7 +5,11 @@
 #include <string>
 #include <vector>
 
+#include <kvtier/export.hpp>
+#include <kvtier/version.hpp>
+
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 
 /// Caller-chosen job identifier; unique among jobs not yet popped as completions.
 using JobId = std::int64_t;
@@ -66,4 +70,5 @@ struct Completion {
   double seconds = 0.0;     ///< wall time from submit to completion
 };
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

@@ -9,3 +9,4 @@
 #include <kvtier/format.hpp>
 #include <kvtier/job.hpp>
 #include <kvtier/thread_defaults.hpp>
+#include <kvtier/version.hpp>

@@ -2,7 +2,11 @@
 
 #include <string>
 
+#include <kvtier/export.hpp>
+#include <kvtier/version.hpp>
+
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 
 /// EngineConfig::n_read_threads / n_write_threads value meaning "sized by the machine".
 inline constexpr unsigned kMachineThreads = ~0u;
@@ -18,17 +22,18 @@ struct ThreadCounts {
 /// direction gets one worker per core (block operations on a fast file system are CPU work:
 /// more runnable workers than cores only share the cores), raised to a sixteenth of the
 /// device queue where a device makes workers wait, and kept within [2, 32]. Pure; never throws.
-ThreadCounts default_thread_counts(unsigned cores, unsigned queue_depth) noexcept;
+KVTIER_EXPORT ThreadCounts default_thread_counts(unsigned cores, unsigned queue_depth) noexcept;
 
 /// CPUs this process may run on (its affinity mask), at least 1.
-unsigned usable_cores() noexcept;
+KVTIER_EXPORT unsigned usable_cores() noexcept;
 
 /// nr_requests of the block device holding `path` (or its nearest existing ancestor), from
 /// /sys/dev/block; 0 where the file system has no block device (tmpfs, overlay, network and
 /// btrfs anonymous devices) or sysfs does not say.
-unsigned device_queue_depth(const std::string& path) noexcept;
+KVTIER_EXPORT unsigned device_queue_depth(const std::string& path) noexcept;
 
 /// default_thread_counts(usable_cores(), device_queue_depth(root_dir)).
-ThreadCounts machine_thread_counts(const std::string& root_dir) noexcept;
+KVTIER_EXPORT ThreadCounts machine_thread_counts(const std::string& root_dir) noexcept;
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

@@ -3,10 +3,12 @@
 #include <kvtier/error.hpp>
 
 namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
 
 SystemError::~SystemError() = default;
 IoUringRefusedError::~IoUringRefusedError() = default;
 EngineShutDownError::~EngineShutDownError() = default;
 ForkedProcessError::~ForkedProcessError() = default;
 
+}  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

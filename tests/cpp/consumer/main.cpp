@@ -50,10 +50,8 @@ int main(int argc, char** argv) {
   }
 
   kvtier::EngineConfig config;
-  config.root_dir = dir;
-  config.n_read_threads = 2;
-  config.n_write_threads = 2;
-  config.fingerprint = "consumer-example";
+  config.set_root_dir(dir).set_n_read_threads(2).set_n_write_threads(2).set_fingerprint(
+      "consumer-example");
   kvtier::Engine engine(config);
 
   // An odd length, so the zero padding of the file format is exercised too.

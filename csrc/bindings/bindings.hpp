@@ -1,0 +1,46 @@
+#pragma once
+
+// What the binding's translation units share. Each registers its part of kvtier._core with
+// one call from PYBIND11_MODULE (module.cpp): a new part is a new file with a register_*
+// function declared here and called there.
+
+#include <pybind11/pybind11.h>
+
+#include <kvtier/kvtier.hpp>
+
+namespace kvtier::python {
+
+namespace py = pybind11;
+
+// The Engine as Python owns it. Workers hold raw addresses into caller memory, so the
+// objects owning that memory (keep_alive()) are released only after the workers have stopped,
+// whatever order Python tears things down in; stopping joins threads that may wait on a slow
+// mount, so it runs with the GIL released. Runs with the GIL held (pybind11 dealloc).
+class PyEngine final : public kvtier::Engine {
+ public:
+  explicit PyEngine(kvtier::EngineConfig config);
+  ~PyEngine();
+  PyEngine(const PyEngine&) = delete;
+  PyEngine& operator=(const PyEngine&) = delete;
+
+  // Called with the GIL held.
+  void keep_alive(const py::iterable& buffers) {
+    if (!buffers_) buffers_ = py::list();
+    for (const py::handle buffer : buffers) buffers_.append(buffer);
+  }
+
+ private:
+  // Null until keep_alive(): the engine is constructed with the GIL released, when no Python
+  // object may be created.
+  py::list buffers_ = py::reinterpret_steal<py::list>(py::handle());
+};
+
+/// The exception translator: core errors become kvtier.errors' types (errors.cpp).
+void register_errors(py::module_& m);
+/// Engine, its defaults and limits, and job submission (engine.cpp).
+void register_engine(py::module_& m);
+/// The exit hook that stops every engine of the process before Python frees their memory
+/// (lifetime.cpp). Call last: it records the interpreter's main thread.
+void register_lifetime(py::module_& m);
+
+}  // namespace kvtier::python

@@ -1,0 +1,298 @@
+// The Engine facade: builds the parts an engine is made of (root, I/O context, staging,
+// scheduler, completions, workers) and forwards each public call to the part that owns it.
+// It also keeps a forked child from touching an engine whose workers live in the parent.
+#include <kvtier/engine.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <kvtier/error.hpp>
+#include <kvtier/files.hpp>
+
+#include "device/cuda_runtime.hpp"
+#include "device/staging_pool.hpp"
+#include "engine/completions.hpp"
+#include "engine/config_checks.hpp"
+#include "engine/job.hpp"
+#include "engine/numa.hpp"
+#include "engine/scheduler.hpp"
+#include "engine/settings.hpp"
+#include "engine/worker.hpp"
+#include "fs/beneath.hpp"
+#include "fs/process.hpp"
+#include "io/block_io.hpp"
+#include "io/ring.hpp"
+
+namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
+
+struct KVTIER_HIDDEN Engine::Impl {
+  // The process that started the workers. A child forked from it inherits this object but
+  // none of its threads, and the mutexes below may have been held by threads that do not
+  // exist there: see inherited().
+  const pid_t owner = detail::current_pid();
+
+  EngineConfig config;  // as validated, with the machine-sized defaults and the CUDA device
+  detail::EngineSettings& settings = detail::settings_of(config);  // config's, for the core
+  detail::RootDir root;
+  detail::StagingPool staging;
+  bool direct = false;
+  std::string fallback_reason;
+  IoEngine io_engine = IoEngine::kPsync;  // the engine in use (never kAuto)
+  std::string io_engine_fallback_reason;
+  const detail::cuda::Api* cuda = nullptr;  // set when use_cuda found a runtime
+  std::vector<int> numa_cpus;
+  int numa_node = -1;
+  detail::IoContext io;
+
+  detail::Completions completions;
+  std::optional<detail::Scheduler> scheduler;  // made once the I/O engine is known
+  std::mutex shutdown_mutex;                   // serialises shutdown() callers
+  std::vector<std::thread> workers;
+
+  explicit Impl(EngineConfig cfg)
+      : config(std::move(cfg)),
+        staging(settings.staging_buffer_bytes, settings.staging_bytes_total) {}
+
+  // Whether this is a forked child's copy: its workers never ran in this process, so nothing
+  // may wait for them, or for a lock one of them might have held when the parent forked.
+  bool inherited() const noexcept { return detail::current_pid() != owner; }
+
+  [[noreturn]] void refuse_inherited() const {
+    throw ForkedProcessError("kvtier engine was created in process " + std::to_string(owner) +
+                             " and cannot be used in a process forked from it (pid " +
+                             std::to_string(detail::current_pid()) +
+                             "): its worker threads do not exist here; create a new engine "
+                             "in this process, or start child processes with spawn/exec");
+  }
+
+  void open_root();
+  void choose_io_engine();
+  void start_cuda();
+  void make_io_context();
+  detail::SchedulerOptions scheduler_options() const;
+  void start_workers();
+  void record_ready_event(detail::Job& job, void* cuda_stream) const;
+};
+
+// Creates and opens the root and, unless O_DIRECT is off, probes it.
+void Engine::Impl::open_root() {
+  const detail::EngineSettings& c = settings;
+  root = detail::RootDir(c.root_dir, /*create=*/true, kvtier::directory_mode(c.file_mode));
+  if (c.o_direct == ODirectMode::kOff) return;
+  fallback_reason = probe_o_direct(c.root_dir);
+  if (!fallback_reason.empty() && c.o_direct == ODirectMode::kOn)
+    throw KVTIER_SYSTEM_ERROR(EINVAL, "o_direct=true but " + fallback_reason, c.root_dir);
+  direct = fallback_reason.empty();
+}
+
+void Engine::Impl::choose_io_engine() {
+  const detail::EngineSettings& c = settings;
+  if (c.io_engine == IoEngine::kPsync) return;
+  // The same answer the workers' rings will get: EPERM (sysctl kernel.io_uring_disabled,
+  // seccomp), ENOSYS (no io_uring), EOPNOTSUPP (an opcode the block operations need).
+  std::string reason;
+  if (const int e = detail::probe_io_uring(reason)) {
+    if (c.io_engine == IoEngine::kIoUring)
+      throw KVTIER_ERROR_AT(IoUringRefusedError, e, "io_engine='io_uring' but " + reason,
+                            c.root_dir);
+    io_engine_fallback_reason = std::move(reason);
+  } else {
+    io_engine = IoEngine::kIoUring;
+  }
+}
+
+// With use_cuda: the runtime, the device (the caller's current one by default), pinned
+// staging and, with numa_bind, the GPU's NUMA node.
+void Engine::Impl::start_cuda() {
+  detail::EngineSettings& c = settings;
+  if (!c.use_cuda) return;
+  cuda = detail::cuda::runtime();
+  if (cuda == nullptr)
+    throw std::runtime_error("use_cuda is set but CUDA is unavailable: " +
+                             detail::cuda::unavailable_reason());
+  if (c.cuda_device < 0 && cuda->cudaGetDevice(&c.cuda_device) != detail::cuda::kSuccess)
+    throw std::runtime_error("cudaGetDevice failed");
+  if (c.cuda_device >= cuda->device_count)
+    throw std::invalid_argument("cuda_device " + std::to_string(c.cuda_device) +
+                                " does not exist (" + std::to_string(cuda->device_count) +
+                                " devices)");
+  staging.pin_with(cuda);
+  if (c.numa_bind) numa_cpus = detail::gpu_numa_cpus(*cuda, c.cuda_device, numa_node);
+}
+
+void Engine::Impl::make_io_context() {
+  io.config = &settings;
+  io.direct = direct;
+  io.io_engine = io_engine;
+  io.root = &root;
+  io.directory_mode = kvtier::directory_mode(settings.file_mode);
+  io.staging = &staging;
+  io.cuda = cuda;
+  io.cuda_device = settings.cuda_device;
+}
+
+detail::SchedulerOptions Engine::Impl::scheduler_options() const {
+  const detail::EngineSettings& c = settings;
+  detail::SchedulerOptions options;
+  // Without load-first workers, store-first workers must leave room for loads themselves:
+  // one fewer store than there are workers, so a waiting load gets the next free worker.
+  options.store_cap_while_loading =
+      c.n_read_threads > 0 ? c.max_stores_in_flight_while_loading
+                           : std::min(c.max_stores_in_flight_while_loading, c.n_write_threads - 1);
+  options.store_cap_linger = std::chrono::milliseconds(c.store_cap_linger_ms);
+  options.batch_blocks = io_engine == IoEngine::kIoUring;
+  return options;
+}
+
+// n_read_threads load-first workers, then n_write_threads store-first ones. Load-first
+// workers run at load_nice unless they also take stores (no store-first worker exists).
+void Engine::Impl::start_workers() {
+  const detail::EngineSettings& c = settings;
+  for (unsigned i = 0; i < c.n_read_threads + c.n_write_threads; ++i) {
+    detail::WorkerPlacement placement;
+    placement.role = i >= c.n_read_threads    ? detail::WorkerRole::kStoreFirst
+                     : c.n_write_threads == 0 ? detail::WorkerRole::kLoadFirst
+                                              : detail::WorkerRole::kLoadOnly;
+    placement.nice = placement.role == detail::WorkerRole::kLoadOnly ? c.load_nice : c.worker_nice;
+    placement.cpus = numa_cpus;
+    workers.emplace_back([this, placement = std::move(placement)] {
+      detail::run_worker(*scheduler, io, placement);
+    });
+  }
+}
+
+// Device copies are ordered after everything already queued on the caller's stream: a store
+// must see the kernel that wrote the block, a load must not overwrite a block that queued
+// kernels still read. The workers wait on this event before copying. It is made on the
+// engine's device, whichever device the calling thread has current.
+void Engine::Impl::record_ready_event(detail::Job& job, void* cuda_stream) const {
+  job.cuda = cuda;
+  const detail::cuda::Error e = detail::cuda::record_event_on(
+      *cuda, settings.cuda_device, static_cast<detail::cuda::Stream>(cuda_stream), job.ready);
+  if (e != detail::cuda::kSuccess) {
+    cuda->cudaGetLastError();
+    throw std::runtime_error("cannot record the submitting stream's event: " +
+                             detail::cuda::describe(*cuda, e));
+  }
+}
+
+Engine::Engine(EngineConfig config)
+    : impl_(std::make_unique<Impl>(detail::validated(std::move(config)))) {
+  Impl& s = *impl_;
+  s.open_root();
+  s.choose_io_engine();
+  s.start_cuda();
+  if (s.settings.completion_eventfd) s.completions.open_eventfd();
+  s.make_io_context();
+  s.scheduler.emplace(s.scheduler_options(), s.completions);
+  try {
+    s.start_workers();
+  } catch (...) {
+    shutdown();
+    throw;
+  }
+}
+
+Engine::~Engine() {
+  if (impl_->inherited()) {
+    // The std::thread objects name threads that do not exist here: joining or destroying
+    // them is undefined (a crash, or std::terminate), and a queue mutex may be locked for
+    // ever. The child's copy of the engine is left as it is: memory the child's exit frees,
+    // and a few descriptors (root, rings), of which the completion eventfd is closed.
+    impl_->completions.close_eventfd();
+    (void)impl_.release();
+    return;
+  }
+  shutdown();
+  // Impl's destructor frees the completions not popped (Completions::~Completions).
+}
+
+void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> blocks,
+                    void* cuda_stream) {
+  Impl& s = *impl_;
+  if (s.inherited()) s.refuse_inherited();
+  const bool any_device = detail::check_blocks(blocks, s.cuda != nullptr);
+  std::unique_ptr<detail::Job> job = detail::make_job(job_id, direction, std::move(blocks));
+  if (any_device) s.record_ready_event(*job, cuda_stream);
+  s.scheduler->submit(std::move(job));
+}
+
+std::vector<Completion> Engine::pop_completions(std::size_t max) {
+  Impl& s = *impl_;
+  if (s.inherited()) s.refuse_inherited();
+  return s.completions.pop(
+      max, [&s](const detail::Job* delivered) { s.scheduler->release_ids(delivered); });
+}
+
+void Engine::drain() {
+  Impl& s = *impl_;
+  if (s.inherited()) s.refuse_inherited();
+  s.scheduler->drain();
+}
+
+void Engine::shutdown() {
+  Impl& s = *impl_;
+  if (s.inherited()) return;  // nothing of it runs in this process: nothing to stop
+  std::lock_guard serial(s.shutdown_mutex);
+  s.scheduler->stop();
+  for (std::thread& t : s.workers)
+    if (t.joinable()) t.join();
+  s.workers.clear();
+  s.staging.release_all();  // no worker holds a lease any more
+}
+
+bool Engine::is_shut_down() const noexcept {
+  if (impl_->inherited()) return true;  // refuses every job in this process
+  return impl_->scheduler->stopped();
+}
+
+bool Engine::direct_io() const noexcept {
+  return impl_->direct;
+}
+const std::string& Engine::o_direct_fallback_reason() const noexcept {
+  return impl_->fallback_reason;
+}
+IoEngine Engine::io_engine() const noexcept {
+  return impl_->io_engine;
+}
+const std::string& Engine::io_engine_fallback_reason() const noexcept {
+  return impl_->io_engine_fallback_reason;
+}
+int Engine::completion_eventfd() const noexcept {
+  return impl_->completions.eventfd();
+}
+bool Engine::cuda_enabled() const noexcept {
+  return impl_->cuda != nullptr;
+}
+int Engine::numa_node() const noexcept {
+  return impl_->numa_node;
+}
+const EngineConfig& Engine::config() const noexcept {
+  return impl_->config;
+}
+
+EngineStats Engine::stats() const {
+  Impl& s = *impl_;
+  if (s.inherited()) s.refuse_inherited();
+  EngineStats st;
+  s.scheduler->stats(st);
+  return st;
+}
+
+bool cuda_available() noexcept {
+  return detail::cuda::runtime() != nullptr;
+}
+
+std::string cuda_unavailable_reason() {
+  return detail::cuda::unavailable_reason();
+}
+
+}  // namespace KVTIER_ABI_NAMESPACE
+}  // namespace kvtier

@@ -1,0 +1,85 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <kvtier/job.hpp>
+
+#include "device/cuda_runtime.hpp"
+#include "engine/parked_loads.hpp"
+#include "util/mpsc_queue.hpp"
+
+namespace kvtier::detail {
+
+using Clock = std::chrono::steady_clock;
+
+/// A submitted job, from Engine::submit until pop_completions() delivers it.
+///
+/// Who touches what: until the job is published (Completions::publish) every field is
+/// guarded by the scheduler's mutex (the outcome fields are written by finish_block, which
+/// runs with it held). From the publication on, the job belongs to the consumer alone; the
+/// completion queue's release/acquire pair makes the outcome visible to it.
+struct Job {
+  MpscNode node;  // first member: a node pointer is the job pointer (Completions)
+  JobId id = 0;
+  Direction direction = Direction::kLoad;
+  std::vector<BlockOp> blocks;
+  Clock::time_point submitted;
+
+  // Outcome.
+  std::vector<int> block_errnos;
+  std::size_t remaining = 0;  // blocks not yet finished
+  bool failed = false;        // some block failed; `error` holds the first failure
+  JobError error;
+  std::uint64_t bytes = 0;
+  double seconds = 0.0;
+
+  // Scheduling state: the submission order (for drain()), the neighbours in the scheduler's
+  // list of incomplete jobs, the next block a worker takes while the job is queued, and (loads
+  // only) one parking link per block, allocated at submit.
+  std::uint64_t seq = 0;
+  Job* older = nullptr;
+  Job* newer = nullptr;
+  std::size_t next_block = 0;
+  std::vector<ParkedLoad> parking;
+
+  // Popped but not yet delivered (a conversion threw); guarded by the consumer's mutex.
+  Job* undelivered_next = nullptr;
+
+  // Recorded on the submitter's stream for jobs over device memory; destroyed with the job.
+  cuda::Event ready = nullptr;
+  const cuda::Api* cuda = nullptr;
+
+  Job() = default;
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+  ~Job() {
+    if (ready != nullptr) cuda->cudaEventDestroy(ready);
+  }
+
+  bool is_load() const noexcept { return direction == Direction::kLoad; }
+};
+static_assert(offsetof(Job, node) == 0);
+
+/// One block of a job, as a worker takes it.
+struct Task {
+  Job* job = nullptr;
+  std::size_t index = 0;
+
+  const BlockOp& op() const noexcept { return job->blocks[index]; }
+};
+
+/// Checks the blocks of a job before anything is allocated for it; returns whether any
+/// segment is device memory. Throws std::invalid_argument for an empty path, null data or
+/// segment address, data together with segments, device memory without `cuda_enabled`, or a
+/// key longer than kMaxKeySize.
+bool check_blocks(const std::vector<BlockOp>& blocks, bool cuda_enabled);
+
+/// A fresh job over `blocks`, submitted now, with everything its scheduling will need
+/// allocated (so that no worker allocates for it). Throws std::bad_alloc.
+std::unique_ptr<Job> make_job(JobId id, Direction direction, std::vector<BlockOp> blocks);
+
+}  // namespace kvtier::detail

@@ -1,0 +1,397 @@
+#include "engine/scheduler.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <stdexcept>
+#include <string>
+
+#include <kvtier/error.hpp>
+
+namespace kvtier::detail {
+
+// ---- submitters ----------------------------------------------------------------------------
+
+void Scheduler::submit(std::unique_ptr<Job> owned) {
+  Job* job = owned.get();
+  const std::size_t n = job->blocks.size();
+  // All or nothing: each step that can throw (bad_alloc) is undone before the exception
+  // leaves, and the job becomes visible to workers and drain() only once nothing can fail.
+  std::lock_guard lock(mutex_);
+  if (stopping_) throw EngineShutDownError("kvtier engine is shut down; submit refused");
+  if (!ids_in_flight_.insert(job->id).second)
+    throw std::invalid_argument("job id " + std::to_string(job->id) +
+                                " is already in flight (ids are reusable once popped)");
+  try {
+    enqueue(*job);
+  } catch (...) {
+    ids_in_flight_.erase(job->id);
+    throw;
+  }
+  owned.release();
+  link_incomplete(job);
+  if (n == 0) {
+    complete_job(job);
+    // Published with the mutex held, so drain() never sees it gone before it is poppable.
+    completions_.publish(job);
+    return;
+  }
+  (job->is_load() ? queued_loads_ : queued_stores_) += n;
+  wake_for(job->direction);
+}
+
+// Puts a job with blocks into its queue, its stores into the read-after-write tracker first.
+void Scheduler::enqueue(Job& job) {
+  if (job.blocks.empty()) return;
+  if (job.is_load()) {
+    loads_.push_back(&job);
+    return;
+  }
+  pending_.add(job);
+  try {
+    stores_.push_back(&job);
+  } catch (...) {
+    for (const BlockOp& op : job.blocks) release_store(op.path);
+    throw;
+  }
+}
+
+void Scheduler::drain() {
+  std::unique_lock lock(mutex_);
+  // Jobs submitted later (by other threads) get a larger seq and are not waited for, so a
+  // steady stream of new work cannot hold drain() forever.
+  const std::uint64_t horizon = last_seq_;
+  ++drain_waiters_;
+  drained_.wait(lock, [&] { return drained_through(horizon); });
+  // Every job up to the horizon is in the completion queue now, but a publication that began
+  // earlier may still be between its two steps (MpscQueue::push), and until it links its
+  // node the consumer cannot reach the nodes pushed after it. Those are few and end within
+  // instructions; publications that begin from now on are not waited for.
+  const std::uint64_t begun = last_ticket_;
+  drained_.wait(lock, [&] { return !publishing_begun_by(begun); });
+  --drain_waiters_;
+}
+
+// Whether a publication that began at or before `ticket` is still under way.
+bool Scheduler::publishing_begun_by(std::uint64_t ticket) const noexcept {
+  for (const Publication* p = publishing_; p != nullptr; p = p->next)
+    if (p->ticket <= ticket) return true;
+  return false;
+}
+
+// Whether every job up to `horizon` has completed and been published.
+bool Scheduler::drained_through(std::uint64_t horizon) const noexcept {
+  if (oldest_ != nullptr && oldest_->seq <= horizon) return false;
+  for (const Publication* p = publishing_; p != nullptr; p = p->next)
+    if (p->seq <= horizon) return false;
+  return true;
+}
+
+void Scheduler::stop() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    // Every block not started fails: queued loads (ready, parked, in the queue) and stores.
+    // The parked loads are moved out first, so cancelling a store (which releases its path)
+    // and stores still running wake nobody. Nothing here allocates.
+    pending_.unpark_all(ready_loads_);
+    Task task;
+    while (take_load(task)) cancel(task);
+    while (!stores_.empty()) cancel(take_front(stores_, queued_stores_));
+  }
+  work_available_.notify_all();
+  load_available_.notify_all();
+}
+
+bool Scheduler::stopped() const {
+  std::lock_guard lock(mutex_);
+  return stopping_;
+}
+
+void Scheduler::stats(EngineStats& out) const {
+  counters_.snapshot(out);
+  out.jobs_in_flight = outstanding_.load(std::memory_order_relaxed);
+  std::lock_guard lock(mutex_);
+  out.queued_loads = loads_waiting() + pending_.parked();
+  out.queued_stores = queued_stores_;
+  out.running_loads = running_loads_;
+  out.running_stores = running_stores_;
+}
+
+void Scheduler::release_ids(const Job* delivered) noexcept {
+  std::lock_guard lock(mutex_);
+  for (const Job* job = delivered; job != nullptr; job = job->undelivered_next)
+    ids_in_flight_.erase(job->id);
+}
+
+// ---- workers -------------------------------------------------------------------------------
+
+bool Scheduler::next_batch(WorkerRole role, Batch& batch) {
+  std::unique_lock lock(mutex_);
+  end_publication(batch.publication);
+  Task task;
+  bool is_load = false;
+  while (!pick(role, task, is_load)) {
+    if (stopping_) return false;
+    wait_for_work(role, lock);
+  }
+  batch.tasks[0] = task;
+  batch.size = 1 + extend_batch(task, is_load, batch.tasks + 1);
+  batch.is_load = is_load;
+  (is_load ? running_loads_ : running_stores_) += batch.size;
+  for (std::size_t i = 0; i < batch.size; ++i) {
+    batch.ops[i] = &batch.tasks[i].op();
+    batch.results[i] = BlockResult{};
+  }
+  return true;
+}
+
+void Scheduler::finish_batch(Batch& batch) noexcept {
+  Job* completed[kMaxBatchBlocks];
+  std::size_t n_completed = 0;
+  {
+    std::lock_guard lock(mutex_);
+    after_batch(batch.is_load, batch.size);
+    for (std::size_t i = 0; i < batch.size; ++i)
+      if (Job* job = finish_block(batch.tasks[i], std::move(batch.results[i])))
+        completed[n_completed++] = job;
+    if (n_completed == 0) return;
+    // drain() must not see these jobs gone before they are poppable: until this worker's
+    // next call of next_batch(), the batch stands in for them.
+    Publication& p = batch.publication;
+    p.seq = completed[0]->seq;
+    for (std::size_t i = 1; i < n_completed; ++i) p.seq = std::min(p.seq, completed[i]->seq);
+    p.ticket = ++last_ticket_;
+    p.prev = nullptr;
+    p.next = publishing_;
+    if (publishing_ != nullptr) publishing_->prev = &p;
+    publishing_ = &p;
+  }
+  for (std::size_t i = 0; i < n_completed; ++i) completions_.publish(completed[i]);
+}
+
+void Scheduler::end_publication(Publication& p) noexcept {
+  if (p.seq == 0) return;
+  (p.prev != nullptr ? p.prev->next : publishing_) = p.next;
+  if (p.next != nullptr) p.next->prev = p.prev;
+  p = Publication{};
+  if (drain_waiters_ > 0) drained_.notify_all();
+}
+
+void Scheduler::wait_for_work(WorkerRole role, std::unique_lock<std::mutex>& lock) {
+  const bool load_only = role == WorkerRole::kLoadOnly;
+  std::size_t& idle = load_only ? idle_load_only_ : idle_workers_;
+  ++idle;
+  if (load_only) {
+    load_available_.wait(lock);
+  } else if (!stores_.empty() && loads_recent_until_ > Clock::now()) {
+    // Capped by the linger alone: nobody else sees it end, so whoever wakes at its end lifts
+    // the cap for every waiting worker.
+    if (work_available_.wait_until(lock, loads_recent_until_) == std::cv_status::timeout &&
+        Clock::now() >= loads_recent_until_)
+      work_available_.notify_all();
+  } else {
+    work_available_.wait(lock);
+  }
+  --idle;
+}
+
+// A batch's blocks stopped running: the store cap and who is woken follow.
+void Scheduler::after_batch(bool is_load, std::size_t blocks) noexcept {
+  (is_load ? running_loads_ : running_stores_) -= blocks;
+  const bool linger = options_.store_cap_linger.count() > 0;
+  if (is_load && linger) loads_recent_until_ = Clock::now() + options_.store_cap_linger;
+  // The last load ends the cap, or starts its linger: then one waiting worker is woken to
+  // wait for the linger's end (and to run a store if the cap was 0). A finished store frees
+  // one slot, which this worker takes itself unless a load comes first.
+  if (is_load && loads_waiting() == 0 && running_loads_ == 0 && !stores_.empty())
+    wake(work_available_, idle_workers_, linger ? 1 : queued_stores_);
+  else if (!is_load && !stores_.empty())
+    work_available_.notify_one();
+}
+
+// ---- picking work --------------------------------------------------------------------------
+
+// A store may start unless loads are waiting or running (or finished recently) and the cap is
+// reached; this keeps the device queue short so a load waits for at most the stores already
+// issued. Parked loads do not count: they wait for stores, which must be free to run. After
+// the last load the cap is at least 1, so stores never stall while none waits.
+bool Scheduler::store_allowed() const noexcept {
+  if (loads_waiting() > 0 || running_loads_ > 0)
+    return running_stores_ < options_.store_cap_while_loading;
+  if (running_stores_ == 0 || loads_recent_until_ == Clock::time_point{}) return true;
+  return running_stores_ < std::max(1u, options_.store_cap_while_loading) ||
+         Clock::now() >= loads_recent_until_;
+}
+
+// Whether no store cap is in effect: no load waits or runs and none finished within the
+// linger. Only then may a store batch grow past one block (extend_batch).
+bool Scheduler::stores_uncapped() const noexcept {
+  return loads_waiting() == 0 && running_loads_ == 0 &&
+         (loads_recent_until_ == Clock::time_point{} || Clock::now() >= loads_recent_until_);
+}
+
+// Wakes enough idle workers for the queued blocks of one direction. The idle counts include
+// workers notified but not yet running, so every block queued (not only the newest job's) is
+// counted: a notify_one only reaches a still-blocked worker, and so at least
+// min(queued, idle) workers are on their way.
+void Scheduler::wake_for(Direction direction) noexcept {
+  if (direction == Direction::kStore) {
+    wake(work_available_, idle_workers_, queued_stores_);
+    return;
+  }
+  std::size_t blocks = loads_waiting();
+  if (idle_load_only_ > 0) {
+    wake(load_available_, idle_load_only_, blocks);
+    if (blocks <= idle_load_only_) return;
+    blocks -= idle_load_only_;
+  }
+  wake(work_available_, idle_workers_, blocks);
+}
+
+void Scheduler::wake(std::condition_variable& cv, std::size_t idle, std::size_t blocks) noexcept {
+  if (blocks >= idle) {
+    cv.notify_all();
+    return;
+  }
+  for (std::size_t i = 0; i < blocks; ++i) cv.notify_one();
+}
+
+// Parks the loads at the front of the load queue whose path has a pending store, so that the
+// front (if any) is a load that may run now. Called before every pick: afterwards
+// store_allowed() no longer counts loads that are really waiting for stores.
+void Scheduler::park_blocked_loads() noexcept {
+  if (pending_.empty()) return;
+  while (!loads_.empty()) {
+    Job* job = loads_.front();
+    ParkedLoad* link = &job->parking[job->next_block];
+    link->job = job;
+    link->index = job->next_block;
+    if (!pending_.park(job->blocks[job->next_block].path, link)) return;
+    take_front(loads_, queued_loads_);
+  }
+}
+
+// The next block of the job at the front of `queue`; drops the job once all are taken.
+Task Scheduler::take_front(std::deque<Job*>& queue, std::size_t& queued) noexcept {
+  Job* job = queue.front();
+  Task task{job, job->next_block++};
+  if (job->next_block == job->blocks.size()) queue.pop_front();
+  --queued;
+  return task;
+}
+
+bool Scheduler::take_load(Task& task) noexcept {
+  if (ParkedLoad* p = ready_loads_.pop()) {  // older than anything in loads_
+    task = {p->job, p->index};
+    return true;
+  }
+  if (loads_.empty()) return false;
+  task = take_front(loads_, queued_loads_);
+  return true;
+}
+
+bool Scheduler::take_store(Task& task) noexcept {
+  if (stores_.empty() || !store_allowed()) return false;
+  task = take_front(stores_, queued_stores_);
+  return true;
+}
+
+bool Scheduler::pick(WorkerRole role, Task& task, bool& is_load) noexcept {
+  park_blocked_loads();
+  const bool load_first = role != WorkerRole::kStoreFirst;
+  if (load_first ? take_load(task) : take_store(task)) {
+    is_load = load_first;
+    return true;
+  }
+  if (load_first ? role == WorkerRole::kLoadFirst && take_store(task) : take_load(task)) {
+    is_load = !load_first;
+    return true;
+  }
+  return false;
+}
+
+// More blocks of `first`'s job for the same io_uring submission, taken while the job is still
+// at the front of its queue: up to kMaxBatchBlocks blocks and kBatchBytes of payload (a 2 MiB
+// block goes alone, 256 KiB blocks go eight at a time). Stores join a batch only while no
+// store cap is in effect (no load waiting, running or within the linger), so a load that
+// arrives meanwhile waits for at most one batch's device time, the same order as one large
+// block's. Loads never join past a pending store of their path (read-after-write). psync
+// gains nothing from batching: one block at a time.
+std::size_t Scheduler::extend_batch(const Task& first, bool is_load, Task* more) noexcept {
+  if (!options_.batch_blocks) return 0;
+  constexpr std::uint64_t kBatchBytes = std::uint64_t{2} << 20;
+  std::deque<Job*>& queue = is_load ? loads_ : stores_;
+  std::size_t& queued = is_load ? queued_loads_ : queued_stores_;
+  std::uint64_t bytes = first.op().payload_length();
+  std::size_t n = 0;
+  while (n + 1 < kMaxBatchBlocks && !queue.empty() && queue.front() == first.job) {
+    const BlockOp& op = first.job->blocks[first.job->next_block];
+    if (bytes + op.payload_length() > kBatchBytes) break;
+    if (is_load ? pending_.pending(op.path) : !stores_uncapped()) break;
+    bytes += op.payload_length();
+    more[n++] = take_front(queue, queued);
+  }
+  return n;
+}
+
+// ---- outcomes ------------------------------------------------------------------------------
+
+// One store block of `path` finished, was cancelled or rolled back: loads parked on the path
+// become ready when it was the last.
+void Scheduler::release_store(const std::string& path) noexcept {
+  if (pending_.release(path, ready_loads_) > 0) wake_for(Direction::kLoad);
+}
+
+// Records a block's outcome; returns its job when that was the job's last block (the job is
+// then complete and must be published by the caller).
+Job* Scheduler::finish_block(const Task& task, BlockResult result) noexcept {
+  Job* job = task.job;
+  const bool load = job->is_load();
+  if (!load) release_store(task.op().path);
+  job->block_errnos[task.index] = result.error;
+  counters_.record_block(load, result);
+  if (result.ok()) {
+    job->bytes += result.bytes;
+  } else if (!job->failed) {
+    job->failed = true;
+    job->error.errno_value = result.error;
+    job->error.operation = result.operation;
+    job->error.path = std::move(result.path);
+    job->error.message = std::move(result.message);
+  }
+  if (--job->remaining > 0) return nullptr;
+  complete_job(job);
+  return job;
+}
+
+// A block that never started, at shutdown; its job is published at once (mutex held).
+void Scheduler::cancel(const Task& task) noexcept {
+  BlockResult r;
+  r.error = ECANCELED;
+  r.operation = "cancel";
+  r.path = task.op().path;
+  r.message = "engine shut down before the block operation started";
+  if (Job* job = finish_block(task, std::move(r))) completions_.publish(job);
+}
+
+// Adds a submitted job to the list of incomplete jobs (newest last).
+void Scheduler::link_incomplete(Job* job) noexcept {
+  job->seq = ++last_seq_;
+  job->older = newest_;
+  (newest_ != nullptr ? newest_->newer : oldest_) = job;
+  newest_ = job;
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+}
+
+// A job's last block finished: it leaves the list of incomplete jobs. Its caller publishes it.
+void Scheduler::complete_job(Job* job) noexcept {
+  job->seconds = std::chrono::duration<double>(Clock::now() - job->submitted).count();
+  counters_.record_job(job->is_load(), job->failed);
+  (job->older != nullptr ? job->older->newer : oldest_) = job->newer;
+  (job->newer != nullptr ? job->newer->older : newest_) = job->older;
+  outstanding_.fetch_sub(1, std::memory_order_relaxed);
+  // Only the oldest job's completion can move drain()'s horizon.
+  if (job->older == nullptr && drain_waiters_ > 0) drained_.notify_all();
+}
+
+}  // namespace kvtier::detail

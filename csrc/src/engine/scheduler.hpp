@@ -1,0 +1,182 @@
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <unordered_set>
+
+#include <kvtier/engine.hpp>
+
+#include "engine/completions.hpp"
+#include "engine/counters.hpp"
+#include "engine/job.hpp"
+#include "engine/pending_stores.hpp"
+#include "io/block_io.hpp"
+
+namespace kvtier::detail {
+
+/// What a worker takes from the queues, fixed for its life: a thread cannot go back to a
+/// higher priority once it ran at a lower one, so a load-first worker that runs at load_nice
+/// never runs stores (see EngineConfig::load_nice).
+enum class WorkerRole : std::uint8_t {
+  kLoadOnly,    ///< loads only (n_read_threads when n_write_threads > 0), at load_nice
+  kLoadFirst,   ///< loads first, stores when no load waits (n_write_threads == 0)
+  kStoreFirst,  ///< stores first, loads when no store may run
+};
+
+/// The scheduling choices an engine's configuration makes.
+struct SchedulerOptions {
+  /// Store operations at most in flight while loads wait or run (already adjusted: see
+  /// Engine's constructor).
+  unsigned store_cap_while_loading = 2;
+  /// How long the store cap outlasts the last load.
+  std::chrono::milliseconds store_cap_linger{100};
+  /// Whether a worker takes up to kMaxBatchBlocks blocks of one job at once (the io_uring
+  /// engine submits them together; psync gains nothing from it).
+  bool batch_blocks = false;
+};
+
+/// A batch's place in drain()'s view between the moment its job left the list of incomplete
+/// jobs and the moment its completion is poppable: the worker publishes without the mutex.
+struct Publication {
+  std::uint64_t seq = 0;     ///< the oldest job being published; 0: none
+  std::uint64_t ticket = 0;  ///< the order publications began in
+  Publication* prev = nullptr;
+  Publication* next = nullptr;
+};
+
+/// A worker's batch: up to kMaxBatchBlocks blocks of one job, all loads or all stores. Owned
+/// by its worker and reused from batch to batch; the scheduler fills it (next_batch) and
+/// reads the results back (finish_batch).
+struct Batch {
+  Task tasks[kMaxBatchBlocks];
+  const BlockOp* ops[kMaxBatchBlocks] = {};
+  BlockResult results[kMaxBatchBlocks];
+  std::size_t size = 0;
+  bool is_load = false;
+  Publication publication;
+
+  /// The submitter's event the batch's device copies wait for (null: none).
+  cuda::Event ready() const noexcept { return tasks[0].job->ready; }
+};
+
+/// The engine's queues and who runs what: loads first, the store cap, read-after-write
+/// parking, drain(), cancellation at shutdown. Every member is guarded by one mutex; workers
+/// hold it only to take a batch and to record one, never during I/O, and publish completions
+/// after releasing it.
+///
+/// Seams: a worker's life is next_batch() -> run_blocks() -> finish_batch(), so a caller
+/// that must watch batches in flight (deadlines, replacing a stuck worker) sees each one
+/// begin and end under the mutex, and the I/O itself knows nothing of the queues.
+class Scheduler {
+ public:
+  Scheduler(SchedulerOptions options, Completions& completions)
+      : options_(options), completions_(completions) {}
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // ---- submitters (any thread) ---------------------------------------------------------------
+
+  /// Queues a job whose blocks are checked and whose event (if any) is recorded. A job
+  /// without blocks completes at once. All or nothing: a submit that throws queued nothing
+  /// and leaves the id free. Throws EngineShutDownError after stop(), std::invalid_argument
+  /// for an id in flight, std::bad_alloc.
+  void submit(std::unique_ptr<Job> job);
+
+  /// Blocks until every job submitted before the call has completed and its completion is
+  /// poppable; jobs submitted meanwhile are not waited for.
+  void drain();
+
+  /// Stops: submit() refuses from now on, every block not started fails with ECANCELED (its
+  /// job is still reported), and next_batch() returns false once nothing is left to take.
+  /// Idempotent.
+  void stop() noexcept;
+  bool stopped() const;
+
+  /// The queue and running counts, the counters and the jobs in flight.
+  void stats(EngineStats& out) const;
+
+  // ---- workers -------------------------------------------------------------------------------
+
+  /// Waits for work `role` may take and fills `batch` with it; false once stop() was called
+  /// and nothing is left for this worker (it then exits). Also ends `batch`'s previous
+  /// publication.
+  bool next_batch(WorkerRole role, Batch& batch);
+
+  /// Records the outcome of every block of `batch` (its results, set by run_blocks) and
+  /// publishes the jobs it completed, after releasing the mutex. Never throws.
+  void finish_batch(Batch& batch) noexcept;
+
+  // ---- the consumer --------------------------------------------------------------------------
+
+  /// Frees the ids of delivered jobs (linked by Job::undelivered_next) for reuse.
+  void release_ids(const Job* delivered) noexcept;
+
+ private:
+  // All of these run with mutex_ held.
+  void enqueue(Job& job);
+  std::size_t loads_waiting() const noexcept { return queued_loads_ + ready_loads_.size; }
+  bool store_allowed() const noexcept;
+  bool stores_uncapped() const noexcept;
+  void wake_for(Direction direction) noexcept;
+  static void wake(std::condition_variable& cv, std::size_t idle, std::size_t blocks) noexcept;
+  void wait_for_work(WorkerRole role, std::unique_lock<std::mutex>& lock);
+  void park_blocked_loads() noexcept;
+  static Task take_front(std::deque<Job*>& queue, std::size_t& queued) noexcept;
+  bool take_load(Task& task) noexcept;
+  bool take_store(Task& task) noexcept;
+  bool pick(WorkerRole role, Task& task, bool& is_load) noexcept;
+  std::size_t extend_batch(const Task& first, bool is_load, Task* more) noexcept;
+  void after_batch(bool is_load, std::size_t blocks) noexcept;
+  void release_store(const std::string& path) noexcept;
+  Job* finish_block(const Task& task, BlockResult result) noexcept;
+  void cancel(const Task& task) noexcept;
+  void link_incomplete(Job* job) noexcept;
+  void complete_job(Job* job) noexcept;
+  void end_publication(Publication& publication) noexcept;
+  bool drained_through(std::uint64_t horizon) const noexcept;
+  bool publishing_begun_by(std::uint64_t ticket) const noexcept;
+
+  const SchedulerOptions options_;
+  Completions& completions_;
+
+  mutable std::mutex mutex_;
+  // Load-only workers wait on load_available_, the others (which take stores) on
+  // work_available_, so that a submit wakes only workers that may take its work; the idle
+  // counts say how many wait on each, so a small job wakes as many workers as it has blocks.
+  std::condition_variable work_available_, load_available_;
+  std::size_t idle_workers_ = 0, idle_load_only_ = 0;
+  // A queue holds whole jobs (one entry per job, so queueing a job is a single push_back that
+  // either happens or throws); workers take a queued job's blocks in order (Job::next_block).
+  std::deque<Job*> loads_, stores_;
+  // Blocks not yet taken from the queues; loads whose stores finished (they run before
+  // anything in loads_); the read-after-write tracker holding the parked ones.
+  std::size_t queued_loads_ = 0, queued_stores_ = 0;
+  ParkedList ready_loads_;
+  PendingStores pending_;
+  std::size_t running_loads_ = 0, running_stores_ = 0;
+  // Until then the store cap holds although no load waits or runs (store_cap_linger after the
+  // last load finished): an engine issuing one load at a time gets each next load in front of
+  // a short device queue, not behind every worker's store.
+  Clock::time_point loads_recent_until_{};
+  std::unordered_set<JobId> ids_in_flight_;  // submitted and not yet delivered
+  bool stopping_ = false;
+  // drain(): jobs not yet completed, oldest first; the seq of the latest submitted job; the
+  // batches publishing completed jobs now.
+  Job* oldest_ = nullptr;
+  Job* newest_ = nullptr;
+  std::uint64_t last_seq_ = 0;
+  Publication* publishing_ = nullptr;
+  std::uint64_t last_ticket_ = 0;
+  std::size_t drain_waiters_ = 0;
+  std::condition_variable drained_;
+
+  Counters counters_;
+  std::atomic<std::uint64_t> outstanding_{0};  // submitted jobs not yet completed (stats)
+};
+
+}  // namespace kvtier::detail

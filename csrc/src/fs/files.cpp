@@ -1,0 +1,96 @@
+#include <kvtier/files.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+
+#include <kvtier/error.hpp>
+
+#include "fs/beneath.hpp"
+#include "fs/process.hpp"
+#include "io/posix_io.hpp"
+
+namespace kvtier {
+inline namespace KVTIER_ABI_NAMESPACE {
+
+mode_t directory_mode(mode_t file_mode) noexcept {
+  return (file_mode | ((file_mode & 0444) >> 2)) & 0777;
+}
+
+const char kTmpFilePattern[] = R"(^(.+)\.([^./]+)\.([0-9]+)\.([0-9]+)\.tmp$)";
+
+std::string host_label() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  // Tmp names are split on '.', so a dotted host name is reduced to its first label.
+  std::string host(name);
+  const auto dot = host.find('.');
+  return dot == std::string::npos ? host : host.substr(0, dot);
+}
+
+std::string tmp_file_name(const std::string& final_name) {
+  static const std::string host = host_label();
+  // Process-wide, so two engines (or an engine and the Python side) never pick the same name.
+  static std::atomic<std::uint64_t> counter{0};
+  return final_name + "." + host + "." + std::to_string(detail::current_pid()) + "." +
+         std::to_string(counter.fetch_add(1, std::memory_order_relaxed)) + ".tmp";
+}
+
+int lock_tmp_file(int fd) noexcept {
+  // An OFD lock belongs to the open file description, not to a pid: it is visible to every
+  // process that opens the file, whatever PID namespace either lives in, and it vanishes
+  // when the writer dies.
+  struct flock lock{};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  for (;;) {
+    if (::fcntl(fd, F_OFD_SETLK, &lock) == 0) return 0;
+    if (errno != EINTR) return errno == EACCES ? EAGAIN : errno;
+  }
+}
+
+TmpWriter tmp_file_writer(const std::string& path) noexcept {
+  // O_NONBLOCK: a FIFO planted under a tmp name must not hang the caller.
+  detail::FileDescriptor fd(
+      ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  if (!fd) return errno == ENOENT ? TmpWriter::kMissing : TmpWriter::kUnknown;
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return TmpWriter::kUnknown;
+  struct flock lock{};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  if (::fcntl(fd.get(), F_OFD_GETLK, &lock) != 0) return TmpWriter::kUnknown;
+  return lock.l_type == F_UNLCK ? TmpWriter::kGone : TmpWriter::kAlive;
+}
+
+std::vector<bool> regular_files_exist(const std::string& root_dir,
+                                      const std::vector<std::string>& paths) {
+  std::vector<bool> exist(paths.size(), false);
+  struct stat st;
+  if (root_dir.empty()) {
+    for (std::size_t i = 0; i < paths.size(); ++i)
+      exist[i] = ::lstat(paths[i].c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    return exist;
+  }
+  detail::RootDir root;
+  try {
+    root = detail::RootDir(root_dir, /*create=*/false, 0);
+  } catch (const SystemError&) {
+    return exist;  // no root, no blocks
+  }
+  std::string directory, name;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    if (root.split(paths[i], directory, name) != 0) continue;
+    detail::FileDescriptor dir;
+    if (root.open_directory(directory, /*create=*/false, 0, dir)) continue;
+    exist[i] =
+        ::fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+  }
+  return exist;
+}
+
+}  // namespace KVTIER_ABI_NAMESPACE
+}  // namespace kvtier

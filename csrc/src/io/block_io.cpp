@@ -1,0 +1,21 @@
+#include "io/block_io.hpp"
+
+#include "io/io_uring_engine.hpp"
+#include "io/psync_engine.hpp"
+#include "io/worker_context.hpp"
+
+namespace kvtier::detail {
+
+void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
+                const BlockOp* const* ops, std::size_t n, cuda::Event ready,
+                BlockResult* results) noexcept {
+  if (Ring* ring = worker.ring()) {
+    run_ring_batch(ctx, worker, *ring, is_load, ops, n, ready, results);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    results[i] = is_load ? load_block(ctx, worker, *ops[i], ready)
+                         : store_block(ctx, worker, *ops[i], ready);
+}
+
+}  // namespace kvtier::detail

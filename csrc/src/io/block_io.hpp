@@ -1,0 +1,65 @@
+#pragma once
+
+// The seam between the scheduler (engine/) and the I/O engines (psync_engine.cpp,
+// io_uring_engine.cpp): what a block operation reports, the engine-wide state block
+// operations share, and the one call a worker makes per batch (run_blocks).
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <kvtier/config.hpp>
+#include <kvtier/job.hpp>
+
+#include "device/cuda_runtime.hpp"
+#include "device/staging_pool.hpp"
+#include "engine/settings.hpp"
+#include "fs/beneath.hpp"
+
+namespace kvtier::detail {
+
+/// What one block operation did; turned into the job's per-block status and stats.
+struct BlockResult {
+  int error = 0;               ///< 0 or an errno value
+  const char* operation = "";  ///< the step that failed
+  std::string path;            ///< the file the failing step touched
+  std::string message;         ///< detail beyond strerror (e.g. which header field)
+  std::uint64_t bytes = 0;     ///< payload bytes moved
+  bool dedup = false;          ///< store skipped: the block file already existed
+  bool corrupt_removed = false;
+  bool o_direct_fallback = false;
+
+  bool ok() const noexcept { return error == 0; }
+};
+
+/// Engine-wide, read-only state the block operations share.
+struct IoContext {
+  const EngineSettings* config = nullptr;  ///< the engine's (validated) settings
+  bool direct = false;                     ///< open block files with O_DIRECT
+  const RootDir* root = nullptr;           ///< block paths must lie below it; resolved from it
+  mode_t directory_mode = 0700;            ///< for directories created on the way to a block
+  StagingPool* staging = nullptr;
+  const cuda::Api* cuda = nullptr;  ///< set when device segments are allowed
+  int cuda_device = 0;
+  /// kIoUring: the workers make rings (the engine in use, never kAuto).
+  IoEngine io_engine = IoEngine::kPsync;
+};
+
+class WorkerContext;
+
+/// The largest number of blocks one call of run_blocks takes (a worker's batch).
+inline constexpr std::size_t kMaxBatchBlocks = 8;
+
+/// Runs `n` (at most kMaxBatchBlocks) blocks of one job, all loads or all stores, and sets
+/// `results[i]` for `ops[i]`. With a ring the blocks' operations reach the kernel in one
+/// submission (io_uring_engine.cpp); without one they run one after another on the psync
+/// engine (psync_engine.cpp).
+/// Never throws.
+void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
+                const BlockOp* const* ops, std::size_t n, cuda::Event ready,
+                BlockResult* results) noexcept;
+
+}  // namespace kvtier::detail

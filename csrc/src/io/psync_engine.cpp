@@ -1,0 +1,308 @@
+// The psync engine: one block at a time with pread/pwrite system calls on the worker thread.
+// Also the path the io_uring engine hands a block to whenever it cannot or need not decide
+// itself (io_uring_engine.cpp), so both engines report exactly the same failures.
+#include "io/psync_engine.hpp"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include <kvtier/format.hpp>
+
+#include "device/segment_copier.hpp"
+#include "fs/beneath.hpp"
+#include "io/block_file.hpp"
+#include "io/block_header.hpp"
+#include "io/posix_io.hpp"
+#include "io/worker_context.hpp"
+
+namespace kvtier::detail {
+namespace {
+
+// ---- store --------------------------------------------------------------------------------
+
+void encode(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, std::size_t length,
+            std::uint32_t crc) {
+  encode_header(worker.header.data(), op.key, ctx.config->fingerprint, length, ctx.config->checksum,
+                crc);
+}
+
+// Host memory in place, contiguous or segments (O_DIRECT only where in_place() allows): the
+// header and the payload from the caller's memory in one vectored call; only a partial last
+// page is copied.
+StepError write_in_place(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
+                         const std::vector<Segment>& payload, bool direct) {
+  const bool want_crc = ctx.config->checksum == Checksum::kCrc32c;
+  encode(ctx, worker, op, op.payload_length(), want_crc ? payload_crc(payload) : 0);
+  std::size_t tail = 0;
+  std::vector<iovec> iov =
+      file_iov(worker.header.data(), worker.tail.data(), payload, direct, /*store=*/true, tail);
+  return {pwritev_full(fd, std::move(iov), 0), "pwrite"};
+}
+
+// Segments: gathered piece by piece into a staging buffer and written from there. The header
+// needs the payload's checksum: it goes with the payload when that fits in one piece, else
+// alone after the last piece.
+StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
+                         const std::vector<Segment>& segments, cuda::Event ready) {
+  // The lease outlives the copier, whose destructor retires copies still using the buffer.
+  auto lease = ctx.staging->acquire();
+  SegmentCopier copier(ctx.cuda, worker.stream, segments);
+  if (StepError e = copier.wait_for(ready)) return e;
+  const std::size_t total = op.payload_length();
+  const bool want_crc = ctx.config->checksum == Checksum::kCrc32c;
+  std::uint32_t crc = 0;
+  for (std::size_t done = 0; done < total; done += lease.size()) {
+    const std::size_t n = std::min(lease.size(), total - done);
+    const std::size_t padded = align_up(n);
+    if (StepError e = copier.copy(lease.data(), n, /*to_staging=*/true)) return e;
+    if (want_crc) crc = crc32c(lease.data(), n, crc);
+    std::memset(lease.data() + n, 0, padded - n);
+    if (done == 0 && n == total) {
+      encode(ctx, worker, op, total, crc);
+      return {pwritev_full(fd, {{worker.header.data(), kHeaderSize}, {lease.data(), padded}}, 0),
+              "pwrite"};
+    }
+    if (int e = pwritev_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done)))
+      return {e, "pwrite"};
+  }
+  encode(ctx, worker, op, total, crc);
+  return {pwritev_full(fd, {{worker.header.data(), kHeaderSize}}, 0), "pwrite"};
+}
+
+}  // namespace
+
+namespace {
+
+BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                             cuda::Event ready, bool retry_vanished = true) {
+  BlockResult result;
+  BlockFile file;
+  if (!open_tmp(ctx, op, file, result)) return result;
+  // From here on every failure removes the tmp file: nothing half-written is left behind.
+  std::vector<Segment> scratch;
+  const std::vector<Segment>* staged = staged_segments(op, file.direct, scratch);
+  StepError written = staged ? write_segments(ctx, worker, file.fd.get(), op, *staged, ready)
+                             : write_in_place(ctx, worker, file.fd.get(), op,
+                                              in_place_payload(op, scratch), file.direct);
+  if (written) return file.fail_store(written.error, written.operation, std::move(written.message));
+  if (ctx.config->durability != Durability::kNone && ::fdatasync(file.fd.get()) != 0)
+    return file.fail_store(errno, "fdatasync");
+  bool vanished = false;
+  result = publish_tmp(ctx, op, file, vanished);
+  // The tmp name went although the file was linked: write the block again under a new name,
+  // once (see publish_tmp).
+  if (vanished && retry_vanished)
+    return store_block_impl(ctx, worker, op, ready, /*retry_vanished=*/false);
+  return result;
+}
+
+// ---- load ---------------------------------------------------------------------------------
+
+// What reading a payload found: a failed step, a truncated file, or a header that does not
+// verify (`corrupt`); else the decoded header and the payload's CRC.
+struct ReadOutcome {
+  StepError error;
+  bool short_read = false;
+  std::string corrupt;
+  DecodedHeader header;
+  std::uint32_t crc = 0;
+};
+
+void verify(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, ReadOutcome& out) {
+  out.corrupt = verify_header(worker.header.data(), op.key, ctx.config->fingerprint,
+                              op.payload_length(), out.header);
+}
+
+// Header and a host payload in place (contiguous or segments) in one vectored call; with
+// O_DIRECT, which cannot read a partial page, a partial last page lands in the tail page.
+ReadOutcome read_in_place(const IoContext& ctx, WorkerContext& worker, int fd, bool direct,
+                          const BlockOp& op, const std::vector<Segment>& payload, bool want_crc) {
+  ReadOutcome out;
+  std::size_t tail = 0;
+  std::vector<iovec> iov = file_iov(worker.header.data(), worker.tail.data(), payload, direct,
+                                    /*store=*/false, tail);
+  const std::size_t total = op.payload_length();
+  const std::size_t want = kHeaderSize + total - tail + (tail > 0 ? kAlignment : 0);
+  std::size_t got = 0;
+  if (int e = preadv_full(fd, std::move(iov), 0, got)) {
+    out.error = {e, "pread"};
+  } else if (got < want) {
+    out.short_read = true;
+  } else {
+    if (tail > 0) {
+      const Segment& last = *std::find_if(payload.rbegin(), payload.rend(),
+                                          [](const Segment& seg) { return seg.length > 0; });
+      std::memcpy(static_cast<unsigned char*>(last.address) + last.length - tail,
+                  worker.tail.data(), tail);
+    }
+    if (want_crc) out.crc = payload_crc(payload);
+    verify(ctx, worker, op, out);
+  }
+  return out;
+}
+
+// Segments through a staging buffer, piece by piece: the header and the first piece in one
+// call, and the header verified before any byte reaches the segments (so a wrong file never
+// does), then the other pieces.
+ReadOutcome read_segments(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
+                          const std::vector<Segment>& segments, bool want_crc, cuda::Event ready) {
+  ReadOutcome out;
+  const std::size_t total = op.payload_length();
+  auto lease = ctx.staging->acquire();  // outlives the copier (see write_segments)
+  const std::size_t first = align_up(std::min(lease.size(), total));
+  std::size_t got = 0;
+  std::vector<iovec> head{{worker.header.data(), kHeaderSize}};
+  if (first > 0) head.push_back({lease.data(), first});
+  if (int e = preadv_full(fd, std::move(head), 0, got)) {
+    out.error = {e, "pread"};
+    return out;
+  }
+  if (got < kHeaderSize + first) {
+    out.short_read = true;
+    return out;
+  }
+  verify(ctx, worker, op, out);
+  if (!out.corrupt.empty()) return out;
+  SegmentCopier copier(ctx.cuda, worker.stream, segments);
+  if (StepError e = copier.wait_for(ready)) {
+    out.error = std::move(e);
+    return out;
+  }
+  for (std::size_t done = 0; done < total; done += lease.size()) {
+    const std::size_t n = std::min(lease.size(), total - done);
+    const std::size_t padded = align_up(n);
+    if (done > 0) {
+      if (int e = preadv_full(fd, {{lease.data(), padded}}, static_cast<off_t>(kHeaderSize + done),
+                              got)) {
+        out.error = {e, "pread"};
+        return out;
+      }
+      if (got < padded) {
+        out.short_read = true;
+        return out;
+      }
+    }
+    if (want_crc) out.crc = crc32c(lease.data(), n, out.crc);
+    if (StepError e = copier.copy(lease.data(), n, /*to_staging=*/false)) {
+      out.error = std::move(e);
+      return out;
+    }
+  }
+  return out;
+}
+
+// Opens a block file for reading. First in one openat2 from the root, which never follows a
+// link either; a load needs no directory descriptor unless the file turns out bad. Where that
+// fails (a missing block, a link, O_DIRECT refused) or openat2 is not used, the directory
+// first and then the file: that route names the component in the way, falls back from
+// O_DIRECT, and fills `loc`.
+FileDescriptor open_for_load(const IoContext& ctx, const BlockOp& op, int flags, bool& direct,
+                             Location& loc, BlockResult& result) {
+  std::string directory;
+  if (ctx.root->split(op.path, directory, loc.name) == 0) {
+    FileDescriptor fd;
+    if (ctx.root->open_file(directory, loc.name, flags | O_NOFOLLOW | (direct ? O_DIRECT : 0),
+                            fd) == 0)
+      return fd;
+  }
+  if (!locate(ctx, op.path, /*create=*/false, loc, result)) return {};
+  return open_at(ctx, loc, loc.name, flags, direct, result);
+}
+
+// Removes a block file that failed verification, so the next lookup is a clean miss. Only if
+// its name still leads to the file that was read: a writer may have put a good block there
+// since (the old code unlinked whatever the name held).
+bool remove_bad_file(const IoContext& ctx, const BlockOp& op, Location& loc,
+                     const struct stat& read) {
+  BlockResult ignored;
+  if (!loc.dir && !locate(ctx, op.path, /*create=*/false, loc, ignored)) return false;
+  struct stat now;
+  return ::fstatat(loc.dir.get(), loc.name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+         now.st_dev == read.st_dev && now.st_ino == read.st_ino &&
+         ::unlinkat(loc.dir.get(), loc.name.c_str(), 0) == 0;
+}
+
+BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                            cuda::Event ready) {
+  const EngineSettings& config = *ctx.config;
+  BlockResult result;
+  Location loc;
+  bool direct = ctx.direct;
+  // O_NONBLOCK: opening a FIFO planted at a block path must fail the block, not hang the
+  // worker (and with it drain and shutdown); it changes nothing for regular files.
+  FileDescriptor fd =
+      open_for_load(ctx, op, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, direct, loc, result);
+  if (!fd) return result;
+  const bool fell_back = result.o_direct_fallback;
+  // Kept although every special file would also fail the read below (FIFOs and sockets with
+  // ESPIPE, directories with EISDIR, /dev/null with a short read): reading a device planted
+  // at a block path runs its driver's code, which need not honour O_NONBLOCK. One fstat, the
+  // cheapest call of a load, keeps "a special file fails at once, never hangs" unconditional.
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return failure(errno, "fstat", op.path);
+  if (!S_ISREG(st.st_mode)) return not_regular(op.path, st.st_mode);
+
+  auto corrupt = [&](std::string why) {
+    fd.reset();
+    BlockResult r = failure(EBADMSG, "verify", op.path, std::move(why));
+    r.corrupt_removed = remove_bad_file(ctx, op, loc, st);
+    r.o_direct_fallback = fell_back;
+    return r;
+  };
+
+  const bool want_crc = config.checksum == Checksum::kCrc32c;
+  std::vector<Segment> scratch;
+  const std::vector<Segment>* staged = staged_segments(op, direct, scratch);
+  ReadOutcome read = staged ? read_segments(ctx, worker, fd.get(), op, *staged, want_crc, ready)
+                            : read_in_place(ctx, worker, fd.get(), direct, op,
+                                            in_place_payload(op, scratch), want_crc);
+  if (read.error) {
+    BlockResult r =
+        failure(read.error.error, read.error.operation, op.path, std::move(read.error.message));
+    r.o_direct_fallback = fell_back;
+    return r;
+  }
+  if (read.short_read) return corrupt("file is truncated");
+  if (!read.corrupt.empty()) return corrupt(std::move(read.corrupt));
+  if (want_crc && read.header.checksum_kind == kChecksumKindCrc32c &&
+      read.crc != read.header.payload_crc)
+    return corrupt("payload checksum mismatch");
+  BlockResult r;
+  r.bytes = op.payload_length();
+  r.o_direct_fallback = fell_back;
+  return r;
+}
+
+// Block operations run on worker threads, which must never unwind: anything unexpected
+// (allocation failure) becomes an ordinary failed block.
+template <typename Fn>
+BlockResult guarded(const BlockOp& op, const char* operation, Fn&& fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return failure(ENOMEM, operation, op.path, "out of memory");
+  } catch (const std::exception& e) {
+    return failure(EIO, operation, op.path, e.what());
+  }
+}
+
+}  // namespace
+
+BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                        cuda::Event ready) noexcept {
+  return guarded(op, "store", [&] { return store_block_impl(ctx, worker, op, ready); });
+}
+
+BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                       cuda::Event ready) noexcept {
+  return guarded(op, "load", [&] { return load_block_impl(ctx, worker, op, ready); });
+}
+
+}  // namespace kvtier::detail
