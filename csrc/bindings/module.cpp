@@ -20,6 +20,8 @@
 
 #include <kvtier/kvtier.hpp>
 
+#include "crc32c.hpp"
+
 namespace py = pybind11;
 using namespace pybind11::literals;
 
@@ -419,6 +421,7 @@ PYBIND11_MODULE(_core, m) {
       },
       "data"_a, "crc"_a = 0, "CRC32C of a contiguous buffer (continuing from crc).");
   m.def("crc32c_is_hardware", &kvtier::crc32c_is_hardware);
+  kvtier::bindings::register_crc32c(m);
   m.def("probe_o_direct", &kvtier::probe_o_direct, "dir"_a,
         py::call_guard<py::gil_scoped_release>(),
         "Empty string when O_DIRECT works in dir, else the reason it does not.");
