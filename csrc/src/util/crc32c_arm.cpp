@@ -65,6 +65,8 @@ KVTIER_CRC_TARGET_PMULL std::uint32_t crc32c_armv8_pmull(const unsigned char* p,
   if (n < kAccumulators * kChunk) return crc_bytes(state, p, n);
   const std::uint64_t start_lanes[2] = {state, 0};
   uint64x2_t x[kAccumulators];
+  // The loops over the accumulators are unrolled, so that they live in registers.
+#pragma GCC unroll 16
   for (std::size_t i = 0; i < kAccumulators; ++i) x[i] = load128(p + i * kChunk);
   x[0] = veorq_u64(x[0], vld1q_u64(start_lanes));
   p += kAccumulators * kChunk;
@@ -72,11 +74,13 @@ KVTIER_CRC_TARGET_PMULL std::uint32_t crc32c_armv8_pmull(const unsigned char* p,
 
   const poly64x2_t k_round = constants128(kFoldBy<kAccumulators * kChunk>);
   for (; n >= kAccumulators * kChunk; p += kAccumulators * kChunk, n -= kAccumulators * kChunk)
+#pragma GCC unroll 16
     for (std::size_t i = 0; i < kAccumulators; ++i)
       x[i] = veorq_u64(fold128(x[i], k_round), load128(p + i * kChunk));
 
   // Every accumulator onto the last one, (kAccumulators - 1 - i) chunks ahead.
   uint64x2_t acc = x[kAccumulators - 1];
+#pragma GCC unroll 16
   for (std::size_t i = 0; i + 1 < kAccumulators; ++i)
     acc = veorq_u64(acc,
                     fold128(x[i], constants128(kOntoLast<kAccumulators, kChunk>.by_register[i])));
