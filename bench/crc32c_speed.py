@@ -1,38 +1,165 @@
 #!/usr/bin/env python3
-"""CRC32C throughput of kvtier's checksum (the cost every stored and loaded byte pays).
+"""CRC32C throughput of kvtier's checksum per implementation, block size and cache state.
 
-    python bench/crc32c_speed.py [--size 256M] [--repeat 7]
+    taskset -c 1 python bench/crc32c_speed.py [--impl all] [--sizes 4K,256K,2M]
+        [--repeat 21] [--pool 512M] [--json out.json]
 
-Prints the median GiB/s over `--repeat` passes over one buffer far larger than the CPU caches
-(so memory bandwidth counts, as it does for real blocks), and whether the CPU's crc32
-instruction is used.
+For each implementation the CPU runs (`avx512-vpclmul`, `avx2-vpclmul`, `sse42` and `table` on
+x86-64, `armv8-pmull`, `armv8-crc` and `table` on aarch64; each in a child process with
+KVTIER_CRC32C_IMPL set, since the library reads it once) and each block size, two figures:
+
+- in cache: one block, checksummed over and over (the kernel's own speed; a block that was
+  just read or copied is in cache like this);
+- out of cache: every block of a `--pool` buffer far larger than the last-level cache, in
+  order (memory bandwidth counts).
+
+The blocks are timed in a C++ loop (`_core._crc32c_chunks`), not one Python call each. Each
+figure is the median GB/s (10^9 bytes per second of the thread's CPU time, so time the CPU
+spent on other processes does not count; the JSON also has wall-clock figures) of `--repeat`
+runs of at least `--min-seconds`, with the spread (lowest-highest). Pin it to one CPU with
+taskset: the children inherit the affinity, and the figure is per core.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
-from kvtier import _core
+
+# kvtier::crc32c_implementation()'s names for this architecture, fastest first.
+IMPLEMENTATIONS = {
+    "x86_64": ("avx512-vpclmul", "avx2-vpclmul", "sse42", "table"),
+    "aarch64": ("armv8-pmull", "armv8-crc", "table"),
+}.get(platform.machine(), ("table",))
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def time_runs(data: np.ndarray, chunk: int, passes: int, repeat: int) -> dict:
+    """GB/s per run, over the thread's CPU time (the figure) and over wall-clock time."""
+    from kvtier import _core
+
+    cpu_rates, wall_rates = [], []
+    for _ in range(repeat):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        _core._crc32c_chunks(data, chunk, passes)
+        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+        cpu_rates.append(data.size * passes / max(cpu, 1e-9) / 1e9)
+        wall_rates.append(data.size * passes / wall / 1e9)
+    return {
+        "median_gbps": statistics.median(cpu_rates),
+        "min_gbps": min(cpu_rates),
+        "max_gbps": max(cpu_rates),
+        "wall_median_gbps": statistics.median(wall_rates),
+        "runs": repeat,
+        "bytes_per_run": data.size * passes,
+    }
+
+
+def measure(impl: str, sizes: list[int], pool_bytes: int, repeat: int, min_seconds: float) -> dict:
+    """Runs in the child, whose KVTIER_CRC32C_IMPL names `impl`."""
+    from kvtier import _core
+
+    running = _core.crc32c_implementation()
+    if running != impl:
+        return {"implementation": impl, "skipped": f"this CPU does not run it (got {running})"}
+    rng = np.random.default_rng(0)
+    pool = rng.integers(0, 256, pool_bytes, dtype=np.uint8)
+    # The loop's result is the XOR of the blocks' CRCs: check it once against single calls.
+    sample = pool[: 3 * sizes[0] + 5]
+    want = 0
+    for at in range(0, sample.size, sizes[0]):
+        want ^= _core.crc32c(sample[at : at + sizes[0]])
+    assert _core._crc32c_chunks(sample, sizes[0]) == want, "benchmark loop disagrees"
+    results: dict = {"implementation": impl, "in_cache": {}, "out_of_cache": {}}
+    for size in sizes:
+        block = np.ascontiguousarray(pool[:size])
+        # Enough passes over the one block for a run of at least min_seconds.
+        probe = max(1, int(64e6 // size))
+        start = time.perf_counter()
+        _core._crc32c_chunks(block, size, probe)
+        per_pass = (time.perf_counter() - start) / probe  # wall time: runs of real length
+        passes = max(1, int(min_seconds / max(per_pass, 1e-9)))
+        results["in_cache"][size] = time_runs(block, size, passes, repeat)
+        pool_passes = max(1, int(min_seconds / max(per_pass * pool_bytes / size, 1e-9)))
+        results["out_of_cache"][size] = time_runs(pool, size, pool_passes, repeat)
+    return results
+
+
+def run_child(impl: str, args: argparse.Namespace) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--child", impl]
+    command += ["--sizes", args.sizes, "--pool", str(args.pool), "--repeat", str(args.repeat)]
+    command += ["--min-seconds", str(args.min_seconds)]
+    env = dict(os.environ, KVTIER_CRC32C_IMPL=impl)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"measuring {impl} failed:\n{done.stderr}")
+    return json.loads(done.stdout)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=int, default=256 << 20, help="bytes per pass")
-    parser.add_argument("--repeat", type=int, default=7)
-    args = parser.parse_args()
-    data = np.random.default_rng(0).integers(0, 256, args.size, dtype=np.uint8)
-    rates = []
-    for _ in range(args.repeat):
-        start = time.perf_counter()
-        _core.crc32c(data)
-        rates.append(args.size / (time.perf_counter() - start) / 2**30)
-    print(
-        f"crc32c: {statistics.median(rates):.2f} GiB/s median of {args.repeat} passes over "
-        f"{args.size >> 20} MiB (hardware instruction: {_core.crc32c_is_hardware()})"
+    parser.add_argument("--impl", default="all", help="comma-separated names, or 'all'")
+    parser.add_argument("--sizes", default="4K,256K,2M", help="block sizes (comma-separated)")
+    parser.add_argument(
+        "--pool", type=parse_size, default=512 << 20, help="out-of-cache buffer bytes"
     )
+    parser.add_argument("--repeat", type=int, default=21, help="timed runs per figure")
+    parser.add_argument("--min-seconds", type=float, default=0.02, help="length of one run")
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    if args.child:
+        print(json.dumps(measure(args.child, sizes, args.pool, args.repeat, args.min_seconds)))
+        return
+
+    from kvtier import _core
+
+    names = IMPLEMENTATIONS if args.impl == "all" else tuple(args.impl.split(","))
+    affinity = sorted(os.sched_getaffinity(0))
+    print(
+        f"crc32c: automatic choice {_core.crc32c_implementation()}; CPUs allowed {affinity}"
+        f"{'' if len(affinity) == 1 else ' (pin to one with taskset -c N for a per-core figure)'}"
+    )
+    print(
+        f"median GB/s per CPU-second of {args.repeat} runs (lowest-highest); out of cache: "
+        f"a {args.pool >> 20} MiB buffer block by block"
+    )
+    header = f"{'implementation':<16}" + "".join(
+        f"{f'{s >> 10} KiB in cache':>22}{f'{s >> 10} KiB out of cache':>22}" for s in sizes
+    )
+    print(header)
+    report = {"affinity": affinity, "automatic": _core.crc32c_implementation(), "results": []}
+    for name in names:
+        result = run_child(name, args)
+        report["results"].append(result)
+        if "skipped" in result:
+            print(f"{name:<16}skipped: {result['skipped']}")
+            continue
+        row = f"{name:<16}"
+        for size in sizes:
+            for where in ("in_cache", "out_of_cache"):
+                s = result[where][str(size)]
+                cell = f"{s['median_gbps']:.1f} ({s['min_gbps']:.1f}-{s['max_gbps']:.1f})"
+                row += f"{cell:>22}"
+        print(row, flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(report, out, indent=2)
 
 
 if __name__ == "__main__":

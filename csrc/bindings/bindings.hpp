@@ -39,6 +39,8 @@ class PyEngine final : public kvtier::Engine {
 void register_errors(py::module_& m);
 /// Engine, its defaults and limits, and job submission (engine.cpp).
 void register_engine(py::module_& m);
+/// crc32c_implementation() and the benchmark hook _crc32c_chunks() (crc32c.cpp).
+void register_crc32c(py::module_& m);
 /// The exit hook that stops every engine of the process before Python frees their memory
 /// (lifetime.cpp). Call last: it records the interpreter's main thread.
 void register_lifetime(py::module_& m);

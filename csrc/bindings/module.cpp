@@ -227,6 +227,7 @@ PYBIND11_MODULE(_core, m) {
   register_block_layout(m);
   register_engine(m);
   register_functions(m);
+  register_crc32c(m);
   register_files(m);
   register_lifetime(m);
 }

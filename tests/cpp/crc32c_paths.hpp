@@ -2,16 +2,23 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace kvtier::test {
 
-/// The slicing-by-8 software path of kvtier::crc32c, whatever the CPU has.
-std::uint32_t crc32c_software_path(const void* data, std::size_t length,
-                                   std::uint32_t crc = 0) noexcept;
-/// Whether the CPU has the crc32 instruction the hardware path uses.
-bool crc32c_hardware_path_available() noexcept;
-/// The hardware path (only meaningful when crc32c_hardware_path_available()).
-std::uint32_t crc32c_hardware_path(const void* data, std::size_t length,
-                                   std::uint32_t crc = 0) noexcept;
+/// Every CRC32C implementation compiled in for this architecture, fastest first: the names
+/// kvtier::crc32c_implementation() reports, "table" last.
+std::vector<std::string> crc32c_path_names();
+/// Whether the library's detection says this CPU runs implementation `name`.
+bool crc32c_path_supported(const std::string& name);
+/// CRC32C through implementation `name` whatever kvtier::crc32c() runs, with the same contract
+/// (`crc` a previous result, 0 to start). `name` must be supported.
+std::uint32_t crc32c_path(const std::string& name, const void* data, std::size_t length,
+                          std::uint32_t crc = 0);
+/// The raw register after `length` bytes from `state` (no inversions), through `name`: what
+/// the kernels pass between each other.
+std::uint32_t crc32c_path_raw(const std::string& name, const void* data, std::size_t length,
+                              std::uint32_t state);
 
 }  // namespace kvtier::test

@@ -117,7 +117,10 @@ def test_module_names_are_the_stubs() -> None:
     stub = _stub_members(_stub_tree().body)
     runtime = _public_runtime_names(vars(_core), keep=set())
     stub_public = {n for n in stub if not n.startswith("_")}
-    assert stub_public == runtime
+    assert stub_public == {n for n in runtime if not n.startswith("_")}
+    # Private hooks of the module (e.g. _crc32c_chunks) are declared too; the stub's own
+    # helper names (type aliases, the metaclass) have no runtime counterpart.
+    assert {n for n in runtime if n.startswith("_")} <= set(stub)
 
 
 def test_functions_have_the_stubs_signatures() -> None:

@@ -22,13 +22,20 @@ inline constexpr std::size_t kFingerprintSize = 32;
 /// Keys longer than this do not fit in the header.
 inline constexpr std::size_t kMaxKeySize = 1024;
 
-/// CRC32C (Castagnoli), using the CPU's crc32 instruction where present.
-/// `crc` is a previous result to continue from (0 to start).
+/// CRC32C (Castagnoli), on the fastest implementation the CPU runs (see
+/// crc32c_implementation()). `crc` is a previous result to continue from (0 to start).
 KVTIER_EXPORT std::uint32_t crc32c(const void* data, std::size_t length,
                                    std::uint32_t crc = 0) noexcept;
 
-/// Whether crc32c() runs on the hardware instruction.
+/// Whether crc32c() runs on CRC or carry-less-multiply instructions (any implementation but
+/// "table").
 KVTIER_EXPORT bool crc32c_is_hardware() noexcept;
+
+/// The implementation crc32c() runs, chosen on first use: "avx512-vpclmul", "avx2-vpclmul",
+/// "sse42" (x86-64), "armv8-pmull", "armv8-crc" (aarch64) or "table" (software). The
+/// environment variable KVTIER_CRC32C_IMPL, read once, forces one of those the CPU supports
+/// (for tests and measurements; another name is reported on stderr and ignored).
+KVTIER_EXPORT const char* crc32c_implementation() noexcept;
 
 /// Round `n` up to a multiple of kAlignment.
 constexpr std::size_t align_up(std::size_t n) noexcept {

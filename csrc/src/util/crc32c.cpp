@@ -1,7 +1,9 @@
 #include <kvtier/format.hpp>
 
-#include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -11,6 +13,8 @@
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
 #endif
+
+#include "util/crc32c_kernels.hpp"
 
 namespace kvtier {
 inline namespace KVTIER_ABI_NAMESPACE {
@@ -72,9 +76,11 @@ struct ZeroAdvance {
   }
 };
 
-// The hardware path: the CPU's CRC32C instructions (SSE4.2 crc32 on x86-64, the ARMv8 CRC32
-// extension on aarch64), compiled for that feature only in these functions and chosen at run
-// time, so one binary runs on CPUs with and without it.
+// The CRC-instruction path: the CPU's CRC32C instructions (SSE4.2 crc32 on x86-64, the ARMv8
+// CRC32 extension on aarch64), compiled for that feature only in these functions and chosen at
+// run time, so one binary runs on CPUs with and without it. Where the CPU also has a wide
+// carry-less multiply, the folding kernels (util/crc32c_x86.cpp, util/crc32c_arm.cpp) run
+// instead: they are several times faster on blocks of a few KiB and more.
 #if defined(__x86_64__)
 #define KVTIER_CRC32C_TARGET __attribute__((target("sse4.2")))
 KVTIER_CRC32C_TARGET inline std::uint32_t crc_word(std::uint32_t c, std::uint64_t w) noexcept {
@@ -140,24 +146,83 @@ KVTIER_CRC32C_TARGET std::uint32_t crc32c_hardware(const unsigned char* p, std::
   return c;
 }
 
-const bool kHardware = cpu_has_crc32c();
-#else
-const bool kHardware = false;
 #endif
+
+// ---- dispatch ---------------------------------------------------------------------------
+
+struct Implementation {
+  const char* name;
+  detail::Crc32cKernel kernel;
+  bool (*supported)() noexcept;
+  bool hardware;  // runs on CRC or carry-less-multiply instructions
+};
+
+bool always() noexcept {
+  return true;
+}
+
+// Fastest first: the first one this CPU supports runs, unless $KVTIER_CRC32C_IMPL names
+// another supported one.
+constexpr Implementation kImplementations[] = {
+#if defined(__x86_64__)
+    {"avx512-vpclmul", detail::crc32c_avx512_vpclmul, detail::crc32c_avx512_vpclmul_supported,
+     true},
+    {"avx2-vpclmul", detail::crc32c_avx2_vpclmul, detail::crc32c_avx2_vpclmul_supported, true},
+    {"sse42", crc32c_hardware, cpu_has_crc32c, true},
+#elif defined(__aarch64__)
+    {"armv8-pmull", detail::crc32c_armv8_pmull, detail::crc32c_armv8_pmull_supported, true},
+    {"armv8-crc", crc32c_hardware, cpu_has_crc32c, true},
+#endif
+    {"table", crc32c_software, always, false},
+};
+
+const Implementation* find_supported(const char* name) noexcept {
+  for (const Implementation& impl : kImplementations)
+    if (std::strcmp(impl.name, name) == 0) return impl.supported() ? &impl : nullptr;
+  return nullptr;
+}
+
+const Implementation& choose() noexcept {
+  const Implementation* automatic = nullptr;
+  for (const Implementation& impl : kImplementations) {
+    if (impl.supported()) {
+      automatic = &impl;
+      break;
+    }
+  }
+  // Forcing a path is for tests and measurements; a name this CPU cannot run is reported and
+  // ignored, since crc32c() cannot fail.
+  const char* forced = std::getenv("KVTIER_CRC32C_IMPL");
+  if (forced == nullptr || *forced == '\0' || std::strcmp(forced, "auto") == 0) return *automatic;
+  if (const Implementation* impl = find_supported(forced)) return *impl;
+  std::string names;
+  for (const Implementation& impl : kImplementations)
+    if (impl.supported()) names += std::string(names.empty() ? "" : ", ") + impl.name;
+  std::fprintf(stderr,
+               "kvtier: KVTIER_CRC32C_IMPL=%s is not a CRC32C implementation this CPU runs "
+               "(supported here: auto, %s); using %s\n",
+               forced, names.c_str(), automatic->name);
+  return *automatic;
+}
+
+/// The implementation crc32c() runs, chosen on first use (thread-safe static).
+const Implementation& selected() noexcept {
+  static const Implementation& impl = choose();
+  return impl;
+}
 
 }  // namespace
 
 std::uint32_t crc32c(const void* data, std::size_t length, std::uint32_t crc) noexcept {
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-#if defined(KVTIER_CRC32C_TARGET)
-  if (kHardware) return ~crc32c_hardware(p, length, crc);
-#endif
-  return ~crc32c_software(p, length, crc);
+  return ~selected().kernel(static_cast<const unsigned char*>(data), length, ~crc);
 }
 
 bool crc32c_is_hardware() noexcept {
-  return kHardware;
+  return selected().hardware;
+}
+
+const char* crc32c_implementation() noexcept {
+  return selected().name;
 }
 
 }  // namespace KVTIER_ABI_NAMESPACE
