@@ -242,8 +242,9 @@ _SECTORS = re.compile(r"(?P<sector>\d+) \+ (?P<n>\d+)")
 _SPLIT = re.compile(r"^\d+,\d+ (?P<rwbs>\S+) (?P<sector>\d+) / (?P<new>\d+)")
 
 
-def analyse_trace(text: str, tgid: int) -> dict:
-    """Figures for this process's reads: requests, sizes, splits, merges, queue depth."""
+def analyse_trace(text: str, tgid: int, op: str = "R") -> dict:
+    """Figures for this process's reads (op "R") or writes ("W"): requests, sizes, splits,
+    merges, queue depth."""
     my_bios: list[tuple[int, int]] = []  # (sector, sectors) of reads this process queued
     splits = merges = 0
     events: list[tuple[float, str, int, int, str, bool]] = []
@@ -255,7 +256,7 @@ def analyse_trace(text: str, tgid: int) -> dict:
         mine = m["tgid"].lstrip("-").isdigit() and int(m["tgid"]) == tgid
         parts = rest.split()
         rwbs = parts[1] if len(parts) > 1 else ""
-        if "R" not in rwbs:
+        if op not in rwbs:
             continue
         if event == "block_split":
             splits += mine
@@ -457,10 +458,13 @@ def one_run(
         ids = JobIds()
         stores = make_jobs(ids.take(n), keys, range(n), args.blocks_per_job)
         t0 = time.perf_counter()
+        if trace:
+            trace.start()
         for job in stores:
             driver.submit_store(job)
         wait_for(driver, {j.job_id for j in stores}, "store")
         store_s = time.perf_counter() - t0
+        store_text = trace.stop() if trace else ""
         loads = make_jobs(ids.take(n), keys, range(n), args.blocks_per_job)
         before = disk_stat(disk)
         with strace_attached(strace_out):
@@ -488,6 +492,10 @@ def one_run(
         if trace:
             result["trace"] = analyse_trace(text, os.getpid())
             result["trace"]["requests_per_block"] = round(result["trace"]["requests"] / n, 2)
+            result["store_trace"] = analyse_trace(store_text, os.getpid(), "W")
+            result["store_trace"]["requests_per_block"] = round(
+                result["store_trace"]["requests"] / n, 2
+            )
         remove_files(driver.file_paths(keys))
         return result
     finally:
@@ -610,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 if trace:
                     print(trace_line(r), flush=True)
+                    print(trace_line(r | {"trace": r["store_trace"]}).replace(" bios", " W bios"))
     except BenchError as exc:
         print(f"disk_load_trace: error: {exc}", file=sys.stderr)
         return 1

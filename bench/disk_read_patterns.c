@@ -11,14 +11,13 @@
 //                   like an engine's anonymous or pinned memory) or transparent huge pages
 //                   (MADV_HUGEPAGE; physically contiguous in 2 MiB pieces)
 //   --chunk BYTES   read the payload in pieces of BYTES (default: all at once)
-//   --depth N       io_uring with N reads in flight per thread (0: psync preadv)
+// (Reads in flight per thread: use fio --ioengine=libaio|io_uring --iodepth=N.)
 // Prints GB/s of payload read. Build: cc -O2 -pthread -o disk_read_patterns disk_read_patterns.c
 // Usage: disk_read_patterns DIR [options]; run it several times, alternating variants: the
 // disk and the CPUs are shared.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/io_uring.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -27,14 +26,13 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 static const char* dir;
 static size_t size = 2u << 20, chunk = 0;
-static int files = 128, threads = 4, header = 0, split = 0, thp = 0, depth = 0, share = 0;
+static int files = 128, threads = 4, header = 0, split = 0, thp = 0, share = 0;
 static int write_only = 0, read_only = 0;
 static atomic_int next_file;
 
@@ -75,69 +73,6 @@ static void write_files(void) {
   }
 }
 
-// ---- io_uring, the bare minimum (no liburing) ---------------------------------------------
-struct ring {
-  int fd;
-  unsigned *sq_head, *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
-  struct io_uring_sqe* sqes;
-  struct io_uring_cqe* cqes;
-};
-
-static void ring_init(struct ring* r, unsigned entries) {
-  struct io_uring_params p;
-  memset(&p, 0, sizeof(p));
-  r->fd = (int)syscall(__NR_io_uring_setup, entries, &p);
-  if (r->fd < 0) die("io_uring_setup");
-  size_t sq_len = p.sq_off.array + p.sq_entries * sizeof(unsigned);
-  size_t cq_len = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
-  char* sq = mmap(0, sq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd,
-                  IORING_OFF_SQ_RING);
-  char* cq = mmap(0, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd,
-                  IORING_OFF_CQ_RING);
-  r->sqes = mmap(0, p.sq_entries * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE,
-                 MAP_SHARED | MAP_POPULATE, r->fd, IORING_OFF_SQES);
-  if (sq == MAP_FAILED || cq == MAP_FAILED || r->sqes == MAP_FAILED) die("mmap ring");
-  r->sq_head = (unsigned*)(sq + p.sq_off.head);
-  r->sq_tail = (unsigned*)(sq + p.sq_off.tail);
-  r->sq_mask = (unsigned*)(sq + p.sq_off.ring_mask);
-  r->sq_array = (unsigned*)(sq + p.sq_off.array);
-  r->cq_head = (unsigned*)(cq + p.cq_off.head);
-  r->cq_tail = (unsigned*)(cq + p.cq_off.tail);
-  r->cq_mask = (unsigned*)(cq + p.cq_off.ring_mask);
-  r->cqes = (struct io_uring_cqe*)(cq + p.cq_off.cqes);
-}
-
-static void ring_readv(struct ring* r, int fd, struct iovec* iov, int n, off_t off, __u64 tag) {
-  unsigned tail = *r->sq_tail, idx = tail & *r->sq_mask;
-  struct io_uring_sqe* sqe = &r->sqes[idx];
-  memset(sqe, 0, sizeof(*sqe));
-  sqe->opcode = IORING_OP_READV;
-  sqe->fd = fd;
-  sqe->addr = (__u64)(uintptr_t)iov;
-  sqe->len = (unsigned)n;
-  sqe->off = (__u64)off;
-  sqe->user_data = tag;
-  r->sq_array[idx] = idx;
-  __atomic_store_n(r->sq_tail, tail + 1, __ATOMIC_RELEASE);
-}
-
-static int ring_wait_one(struct ring* r, int to_submit, __u64* tag) {
-  for (;;) {
-    unsigned head = *r->cq_head;
-    if (head != __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE)) {
-      struct io_uring_cqe* cqe = &r->cqes[head & *r->cq_mask];
-      *tag = cqe->user_data;
-      int res = cqe->res;
-      __atomic_store_n(r->cq_head, head + 1, __ATOMIC_RELEASE);
-      return res;
-    }
-    if (syscall(__NR_io_uring_enter, r->fd, to_submit, 1, IORING_ENTER_GETEVENTS, NULL, 0) < 0 &&
-        errno != EINTR)
-      die("io_uring_enter");
-    to_submit = 0;
-  }
-}
-
 // ---- readers ------------------------------------------------------------------------------
 struct slot {
   int fd;
@@ -163,12 +98,12 @@ static int take(int id, int* mine) {
 
 static void* reader(void* arg) {
   int id = (int)(intptr_t)arg, mine = 0;
-  int slots = depth > 0 ? depth : 1;
+  int slots = 1;
   struct slot* s = calloc((size_t)slots, sizeof(*s));
   char* hdr = buffer(4096 * (size_t)slots);
   for (int k = 0; k < slots; ++k) s[k].buf = buffer(size);
   char path[4096];
-  if (depth == 0) {
+  {
     for (int i; (i = take(id, &mine)) < files;) {
       path_of(i, path);
       int fd = open(path, O_RDONLY | O_DIRECT);
@@ -192,45 +127,6 @@ static void* reader(void* arg) {
       }
       close(fd);
     }
-  } else {
-    struct ring r;
-    ring_init(&r, (unsigned)slots * 2);
-    int inflight = 0, free_slot[256], nfree = slots, done = 0;
-    for (int k = 0; k < slots; ++k) free_slot[k] = k;
-    while (!done || inflight > 0) {
-      int queued = 0;
-      while (!done && nfree > 0) {
-        int i = take(id, &mine);
-        if (i >= files) {
-          done = 1;
-          break;
-        }
-        struct slot* sl = &s[free_slot[--nfree]];
-        path_of(i, path);
-        sl->fd = open(path, O_RDONLY | O_DIRECT);
-        if (sl->fd < 0) die("open");
-        off_t off = 0;
-        char* h = hdr + 4096 * (size_t)(sl - s);
-        if (header && split) {
-          if (pread(sl->fd, h, 4096, 0) != 4096) die("pread header");
-          off = 4096;
-        }
-        sl->niov = layout(sl, h);
-        ring_readv(&r, sl->fd, sl->iov, sl->niov, off, (__u64)(sl - s));
-        ++queued;
-        ++inflight;
-      }
-      if (inflight == 0) break;
-      __u64 tag;
-      int res = ring_wait_one(&r, queued, &tag);
-      if (res <= 0) {
-        errno = -res;
-        die("ring read");
-      }
-      close(s[tag].fd);
-      free_slot[nfree++] = (int)tag;
-      --inflight;
-    }
   }
   return NULL;
 }
@@ -238,7 +134,7 @@ static void* reader(void* arg) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s DIR [--files N] [--size B] [--threads N] [--header] [--split] "
-                    "[--mem 4k|thp] [--chunk B] [--depth N] [--share] [--write-only|--read-only]\n",
+                    "[--mem 4k|thp] [--chunk B] [--share] [--write-only|--read-only]\n",
             argv[0]);
     return 2;
   }
@@ -250,7 +146,6 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--size")) size = strtoull(v, 0, 0), ++i;
     else if (!strcmp(a, "--threads")) threads = atoi(v), ++i;
     else if (!strcmp(a, "--chunk")) chunk = strtoull(v, 0, 0), ++i;
-    else if (!strcmp(a, "--depth")) depth = atoi(v), ++i;
     else if (!strcmp(a, "--mem")) thp = !strcmp(v, "thp"), ++i;
     else if (!strcmp(a, "--header")) header = 1;
     else if (!strcmp(a, "--split")) split = 1;
@@ -262,7 +157,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (depth > 256) depth = 256;
   if (!read_only) write_files();
   if (write_only) return 0;
   pthread_t t[1024];
@@ -270,8 +164,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < threads; ++i) pthread_create(&t[i], NULL, reader, (void*)(intptr_t)i);
   for (int i = 0; i < threads; ++i) pthread_join(t[i], NULL);
   double s = now() - t0;
-  printf("%.3f GB/s  (%d files x %zu B, %d threads, header %d split %d mem %s chunk %zu depth %d)\n",
+  printf("%.3f GB/s  (%d files x %zu B, %d threads, header %d split %d mem %s chunk %zu)\n",
          (double)files * (double)size / s / 1e9, files, size, threads, header, split,
-         thp ? "thp" : "4k", chunk, depth);
+         thp ? "thp" : "4k", chunk);
   return 0;
 }
