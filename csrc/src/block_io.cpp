@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <vector>
@@ -14,7 +13,6 @@
 #include <kvtier/files.hpp>
 #include <kvtier/format.hpp>
 
-#include "aligned_buffer.hpp"
 #include "beneath.hpp"
 #include "block_steps.hpp"
 #include "header.hpp"
@@ -49,12 +47,10 @@ bool in_place(const std::vector<Segment>& segments, bool direct) {
 // the op's own segments when they hold device memory or, with O_DIRECT, unaligned host
 // memory; or its contiguous buffer as one host segment when O_DIRECT meets unaligned memory.
 // Returns nullptr when the payload goes in place (see in_place_payload()).
-const std::vector<Segment>* staged_segments(const BlockOp& op, bool direct, int is_load,
+const std::vector<Segment>* staged_segments(const BlockOp& op, bool direct,
                                             std::vector<Segment>& scratch) {
-  const bool force = direct && is_load >= 0 && (g_proto_stage & (is_load == 1 ? 1 : 2)) != 0;
-  if (!op.segments.empty())
-    return in_place(op.segments, direct) && !force ? nullptr : &op.segments;
-  if (!direct || (is_aligned(op.data) && !force) || op.length == 0) return nullptr;
+  if (!op.segments.empty()) return in_place(op.segments, direct) ? nullptr : &op.segments;
+  if (!direct || is_aligned(op.data) || op.length == 0) return nullptr;
   scratch = {{op.data, op.length, MemoryKind::kHost}};
   return &scratch;
 }
@@ -445,7 +441,7 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const 
   if ((config.file_mode & 077) != 0 && ::fchmod(fd.get(), config.file_mode) != 0)
     return fail(errno, "fchmod");
   std::vector<Segment> scratch;
-  const std::vector<Segment>* staged = staged_segments(op, direct, 0, scratch);
+  const std::vector<Segment>* staged = staged_segments(op, direct, scratch);
   StepError written =
       staged ? write_segments(ctx, worker, fd.get(), op, *staged, ready)
              : write_in_place(ctx, worker, fd.get(), op, in_place_payload(op, scratch), direct);
@@ -648,7 +644,7 @@ BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const B
 
   const bool want_crc = config.checksum == Checksum::kCrc32c;
   std::vector<Segment> scratch;
-  const std::vector<Segment>* staged = staged_segments(op, direct, 1, scratch);
+  const std::vector<Segment>* staged = staged_segments(op, direct, scratch);
   ReadOutcome read = staged ? read_segments(ctx, worker, fd.get(), op, *staged, want_crc, ready)
                             : read_in_place(ctx, worker, fd.get(), direct, op,
                                             in_place_payload(op, scratch), want_crc);

@@ -124,9 +124,9 @@ io_uring_sqe* next_sqe(Ring& ring, unsigned index, Step step, unsigned char opco
 // Which way a block's payload goes, decided before any file is touched: in place (host
 // memory, contiguous or segments, as the file's iovecs), staged (one staging buffer holds the
 // whole file image), or the psync path.
-Disposition route(const IoContext& ctx, Block& b, bool is_load) {
+Disposition route(const IoContext& ctx, Block& b) {
   const BlockOp& op = *b.op;
-  const std::vector<Segment>* staged = staged_segments(op, ctx.direct, is_load ? 1 : 0, b.scratch);
+  const std::vector<Segment>* staged = staged_segments(op, ctx.direct, b.scratch);
   if (staged == nullptr) {
     b.payload = &in_place_payload(op, b.scratch);
     // file_iov adds the header and at most one page; one ring entry takes at most IOV_MAX
@@ -235,7 +235,7 @@ Disposition prepare_store(const IoContext& ctx, WorkerContext& worker, Ring& rin
                           unsigned index, unsigned char* pages, cuda::Event ready) {
   const BlockOp& op = *b.op;
   const EngineConfig& config = *ctx.config;
-  if (route(ctx, b, /*is_load=*/false) == Disposition::kPsync) return Disposition::kPsync;
+  if (route(ctx, b) == Disposition::kPsync) return Disposition::kPsync;
   BlockResult& result = *b.out;
   if (!locate(ctx, op.path, /*create=*/true, b.loc, result)) return Disposition::kDone;
   // No existence check first: like the psync path, the rename (RENAME_NOREPLACE) finds a
@@ -353,7 +353,7 @@ void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
 Disposition prepare_load(const IoContext& ctx, Ring& ring, Block& b, unsigned index,
                          unsigned char* pages) {
   const BlockOp& op = *b.op;
-  if (route(ctx, b, /*is_load=*/true) == Disposition::kPsync) return Disposition::kPsync;
+  if (route(ctx, b) == Disposition::kPsync) return Disposition::kPsync;
   BlockResult& result = *b.out;
   if (!locate(ctx, op.path, /*create=*/false, b.loc, result)) return Disposition::kDone;
   b.direct = ctx.direct;

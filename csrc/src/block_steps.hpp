@@ -25,9 +25,7 @@ BlockResult failure(int error, const char* operation, const std::string& path,
 /// Payloads that cannot go to the file in place move through a staging buffer as segments:
 /// the op's own segments, or its contiguous buffer as one host segment when O_DIRECT meets
 /// unaligned memory. Returns nullptr when the payload goes in place.
-// PROTOTYPE (issue #23): is_load 1/0 lets KVTIER_PROTO_STAGE=loads|stores|both force
-// aligned host payloads through a staging buffer too.
-const std::vector<Segment>* staged_segments(const BlockOp& op, bool direct, int is_load,
+const std::vector<Segment>* staged_segments(const BlockOp& op, bool direct,
                                             std::vector<Segment>& scratch);
 
 /// The host memory a payload that goes in place occupies: the op's segments, or its contiguous

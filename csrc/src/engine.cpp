@@ -290,22 +290,8 @@ struct Engine::Impl {
   std::atomic<std::uint64_t> outstanding{0};  // submitted jobs not yet completed (for stats)
   Counters counters;
 
-  // PROTOTYPE (issue #23): KVTIER_PROTO_STAGING_BUFFER_BYTES overrides staging_buffer_bytes.
-  static inline std::uint64_t proto_batch_bytes = std::uint64_t{2} << 20;
-  static EngineConfig proto_staging(EngineConfig c) {
-    const char* batch = std::getenv("KVTIER_PROTO_BATCH_BYTES");
-    proto_batch_bytes = batch ? std::strtoull(batch, nullptr, 0) : std::uint64_t{2} << 20;
-    const char* stage = std::getenv("KVTIER_PROTO_STAGE");
-    const std::string s = stage ? stage : "";
-    detail::g_proto_stage = s == "both" ? 3 : s == "loads" ? 1 : s == "stores" ? 2 : 0;
-    detail::g_proto_huge = std::getenv("KVTIER_PROTO_HUGE") != nullptr;
-    if (const char* v = std::getenv("KVTIER_PROTO_STAGING_BUFFER_BYTES"))
-      c.staging_buffer_bytes = std::strtoull(v, nullptr, 0);
-    return c;
-  }
   explicit Impl(EngineConfig cfg)
-      : config(proto_staging(std::move(cfg))),
-        staging(config.staging_buffer_bytes, config.staging_bytes_total) {}
+      : config(std::move(cfg)), staging(config.staging_buffer_bytes, config.staging_bytes_total) {}
 
   std::size_t loads_waiting() const { return queued_loads + ready_loads.size; }
 
@@ -422,8 +408,7 @@ struct Engine::Impl {
   // (read-after-write). psync gains nothing from batching: one block at a time.
   std::size_t extend_batch(const Task& first, bool is_load, Task* more) noexcept {
     if (io.io_engine != IoEngine::kIoUring) return 0;
-    // PROTOTYPE (issue #23): KVTIER_PROTO_BATCH_BYTES (read at engine creation).
-    const std::uint64_t kBatchBytes = proto_batch_bytes;
+    constexpr std::uint64_t kBatchBytes = std::uint64_t{2} << 20;
     std::deque<Job*>& queue = is_load ? loads : stores;
     std::size_t& queued = is_load ? queued_loads : queued_stores;
     std::uint64_t bytes = first.job->blocks[first.index].payload_length();
