@@ -219,7 +219,7 @@ def run_du(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     started = time.monotonic()
     found = survey(root, 0)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "namespace": name,
             "blocks": u.blocks,

@@ -122,6 +122,7 @@ class CapacityController:
             _by_root.setdefault(self.root, weakref.WeakSet()).add(self)
         self._wake = threading.Condition()
         self._evict_asked = False
+        self._busy = False  # the thread is in a bookkeeping or eviction step (see wait_idle)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvtier-capacity", daemon=True)
         self._thread.start()
@@ -223,7 +224,7 @@ class CapacityController:
     def request_eviction(self) -> None:
         with self._wake:
             self._evict_asked = True
-            self._wake.notify()
+            self._wake.notify_all()  # the thread, and wait_idle's waiters (they wait on more)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -242,8 +243,11 @@ class CapacityController:
         while not self._stop.is_set():
             with self._wake:
                 if not self._evict_asked:
+                    self._busy = False
+                    self._wake.notify_all()
                     self._wake.wait(TICK_SECONDS)
                 asked, self._evict_asked = self._evict_asked, False
+                self._busy = True
             if self._stop.is_set():
                 return
             try:
@@ -255,6 +259,18 @@ class CapacityController:
                 self._maybe_pass(asked)
             except Exception:  # never let the thread die: the budget would stop moving
                 logger.exception("Capacity bookkeeping under %s failed; retrying", self.root)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no eviction is asked for or running (True), or ``timeout`` seconds
+        passed (False): a condition benchmarks and tests wait on instead of a quiet period."""
+        deadline = time.monotonic() + timeout
+        with self._wake:
+            while self._busy or self._evict_asked:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return False
+                self._wake.wait(left)
+        return True
 
     def _settle(self, force: bool) -> None:
         with self._ledger_lock:
