@@ -19,6 +19,7 @@ import pytest
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity import block_file_bytes, parse_size
 from kvtier.tiering.fs.capacity.evictor import evict
+from kvtier.tiering.fs.capacity.ledger import LedgerState, UsageLedger
 from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME
 from kvtier.tiering.fs.capacity.survey import survey
 from kvtier.tiering.fs.manager import FileSystemTierManager
@@ -58,16 +59,14 @@ def block_paths(root: Path) -> list[Path]:
     return [p for p in root.rglob("*.kvb")]
 
 
-def settled(root: Path):
-    """A condition: the set of block files did not change over the last 1.5 s (longer than
-    a capacity tick), so an eviction pass has finished."""
+def settled(tier: FileSystemTierManager):
+    """A condition: the tier's capacity thread is idle (no eviction asked for or running, no
+    store waiting for budget)."""
+    return lambda: tier._capacity.wait_idle(WAIT_SECONDS)
 
-    def check() -> bool:
-        before = set(block_paths(root))
-        time.sleep(1.5)
-        return before == set(block_paths(root))
 
-    return check
+def ledger(root: Path) -> LedgerState:
+    return UsageLedger(str(root)).read()
 
 
 class Tier:
@@ -262,8 +261,8 @@ def test_two_hosts_evict_one_root(tmp_path):
     assert sum(r["evicted_blocks"] for r in reports) > 0
     assert all(f.read_bytes() == b"x" * 8192 for f in foreign)
     assert disk_bytes(root) <= budget + 3 * 8192
-    leases = json.loads((root / STATE_DIR_NAME / "usage.json").read_text())["leases"]
-    assert leases == {}  # both hosts handed their budget back
+    records = ledger(root).writers.values()
+    assert all(r.reserved == r.writing == 0 for r in records)  # budget handed back
 
 
 @pytest.mark.parametrize("use", ["load", "store", "lookup", "touch"])
@@ -331,7 +330,7 @@ def test_one_scan_serves_later_passes_in_lru_order(tmp_path):
     try:
         store(0, 1200)
         wait_for(lambda: tier.stats()["evicted_blocks"] > 0, "a first eviction pass")
-        wait_for(settled(tmp_path), "the pass to finish")
+        wait_for(settled(tier), "the pass to finish")
         names = present()
         survivors = [i for i in range(1200) if f"{key(i).hex()}.kvb" in names]
         used, cold = survivors[:4], survivors[4:40]
@@ -347,7 +346,7 @@ def test_one_scan_serves_later_passes_in_lru_order(tmp_path):
         evicted = tier.stats()["evicted_blocks"]
         store(10_000, 200)  # well within the candidates' lifetime (30 s)
         wait_for(lambda: tier.stats()["evicted_blocks"] > evicted, "another pass")
-        wait_for(settled(tmp_path), "eviction to finish")
+        wait_for(settled(tier), "eviction to finish")
         names = present()
         assert all(f"{key(i).hex()}.kvb" in names for i in used), "a used block was evicted"
         assert not any(f"{key(i).hex()}.kvb" in names for i in cold), "old blocks were kept"
@@ -428,7 +427,7 @@ def test_restart_into_a_smaller_budget(tmp_path, ledger):
     second = Tier(tmp_path, max_bytes=budget)
     try:
         wait_for(lambda: disk_bytes(tmp_path) <= budget, "the smaller budget")
-        wait_for(settled(tmp_path), "eviction to finish")
+        wait_for(settled(second.tier), "eviction to finish")
         names = {p.name for p in block_paths(tmp_path)}
         left = [i for i in range(40) if f"{key(i).hex()}.kvb" in names]
         assert left and all(second.load(i).success for i in left)
@@ -455,8 +454,8 @@ os.kill(os.getpid(), signal.SIGKILL)  # dies holding its lease: no shutdown, no 
 
 
 def test_budget_of_a_crashed_process_comes_back(tmp_path):
-    """A process killed while holding budget leaves a lease in the ledger; the next tier
-    on this host recounts at once, and the ledger agrees with the files again."""
+    """A process killed while holding budget leaves its record in the ledger; the next tier
+    sees its lock free, folds it in, recounts, and the ledger agrees with the files again."""
     budget = 64 * FILE
     proc = subprocess.run(
         [sys.executable, "-c", CRASHER, str(tmp_path), str(ROW), str(budget)],
@@ -464,15 +463,18 @@ def test_budget_of_a_crashed_process_comes_back(tmp_path):
         timeout=120,
     )
     assert proc.returncode == -9, proc.stderr
-    ledger = tmp_path / STATE_DIR_NAME / "usage.json"
-    assert json.loads(ledger.read_text())["leases"]  # the dead process's budget
+    dead = ledger(tmp_path).writers
+    assert sum(r.reserved + r.writing for r in dead.values()) > 0  # the dead process's budget
     t = Tier(tmp_path, max_bytes=budget)
     try:
 
         def recounted() -> bool:
-            state = json.loads(ledger.read_text())
-            others = [k for k in state["leases"] if k.split(":")[1] != str(os.getpid())]
-            return not others and state["files"] == disk_bytes(tmp_path) == 4 * FILE
+            state = ledger(tmp_path)
+            return (
+                not set(dead) & set(state.writers)
+                and state.files == disk_bytes(tmp_path) == 4 * FILE
+                and state.reserved <= t.tier._capacity.chunk_bytes
+            )
 
         wait_for(recounted, "the ledger to drop the dead lease and recount")
         assert t.store(7).success and t.load(7).success
@@ -494,12 +496,11 @@ def test_blocks_deleted_behind_the_ledgers_back_are_recounted(tmp_path):
             path.unlink(missing_ok=True)  # an eviction pass may be removing some too
         for i in range(100, 200):
             assert t.store(i).success
-        ledger = tmp_path / STATE_DIR_NAME / "usage.json"
 
         def agrees() -> bool:
-            return json.loads(ledger.read_text())["files"] == disk_bytes(tmp_path)
+            return ledger(tmp_path).files == disk_bytes(tmp_path)
 
-        wait_for(settled(tmp_path), "eviction to finish")
+        wait_for(settled(t.tier), "eviction to finish")
         wait_for(agrees, "the ledger to agree with the files")
     finally:
         t.close()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity import block_file_bytes
+from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, UsageLedger
 from kvtier.tiering.fs.manager import FileSystemTierManager
 from kvtier.tiering.spec import OffloadingSpec
 
@@ -70,7 +71,7 @@ def test_du_reports_each_namespace(tree):
 
 def test_gc_dry_run_removes_nothing(tree, tmp_path):
     before = blocks(tree)
-    ledger = (tree / ".kvtier" / "usage.json").read_bytes()
+    ledger = (tree / ".kvtier" / LEDGER_FILE_NAME).read_bytes()
     out = tmp_path / "gc.json"
     proc = kvtier("gc", str(tree), "--max-bytes", str(20 * FILE), "--dry-run", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
@@ -78,7 +79,7 @@ def test_gc_dry_run_removes_nothing(tree, tmp_path):
     summary = json.loads(out.read_text())
     assert summary["dry_run"] and summary["removed_files"] > 0
     assert "would remove" in proc.stdout
-    assert (tree / ".kvtier" / "usage.json").read_bytes() == ledger  # nor the ledger
+    assert (tree / ".kvtier" / LEDGER_FILE_NAME).read_bytes() == ledger  # nor the ledger
 
 
 def test_gc_once_evicts_least_recently_used_blocks(tree, tmp_path):
@@ -97,8 +98,8 @@ def test_gc_once_evicts_least_recently_used_blocks(tree, tmp_path):
     assert removed_indices <= set(range(10))
     assert "removed" in proc.stdout and "usage" in proc.stdout
     # The tiers' ledger now agrees with the tree.
-    ledger = json.loads((tree / ".kvtier" / "usage.json").read_text())
-    assert ledger["files"] == len(left) * FILE and ledger["complete"]
+    ledger = UsageLedger(str(tree)).read()
+    assert ledger.files == len(left) * FILE and ledger.complete
 
 
 def test_gc_never_touches_other_files(tree):
