@@ -353,8 +353,14 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
 
     @owner_process_only
     def drain_jobs(self) -> None:
-        with self._admissions:  # answered within STORE_WAIT_SECONDS, or at shutdown
-            self._admissions.wait_for(lambda: self._admitting == 0)
+        # Stores waiting for budget are answered within STORE_WAIT_SECONDS (or at shutdown);
+        # meanwhile finished stores are collected, which gives their budget back for them.
+        while True:
+            with self._admissions:
+                if self._admitting == 0:
+                    break
+                self._admissions.wait(0.01)
+            self._collect()
         self._engine.drain()
         # Collect now: drained stores stop counting against max_queued_store_jobs before the
         # caller's next get_finished().

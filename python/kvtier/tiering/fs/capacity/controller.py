@@ -342,8 +342,11 @@ class CapacityController:
                         self.recency.flush()
                         last_flush = now
                     self._tick(asked)
-                except Exception:  # never let the thread die: the budget would stop moving
+                except Exception as e:  # never let the thread die: the budget would stop
                     logger.exception("Capacity bookkeeping under %s failed; retrying", self.root)
+                    # Stores waiting for budget cannot learn it now: they fail at once (a
+                    # later miss) rather than wait out STORE_WAIT_SECONDS.
+                    self._refuse_waiting(f"the root's usage could not be read ({e})")
                     self._stop.wait(TICK_SECONDS)
         finally:
             self._finish()
@@ -377,6 +380,10 @@ class CapacityController:
         what eviction must make room for."""
         with self._lock:
             extra = max(0, sum(w.need for w in self._waiting) - self._pool)
+            # Room for the oldest waiting store, or a chunk, at a time: a burst of waiting
+            # stores must not evict the whole cache in one pass.
+            first = self._waiting[0].need if self._waiting else 0
+            extra = min(extra, max(first, self.chunk_bytes))
         return self._taken(state, st, extra)
 
     def _free_demand(self, st: os.statvfs_result) -> int:
@@ -409,30 +416,32 @@ class CapacityController:
                 self._pool = target
             short = target - self._pool
             first = self._waiting[0].need - self._pool if self._waiting else 0
-        for take in dict.fromkeys(t for t in (short, max(0, first)) if t > 0):
-            if self._taken(self._state, st, take) > budget:
-                continue
-            # Write, then read back: of two writers racing for the last room, at least one
-            # sees the other's record and gives its take back (ledger.py).
-            with self._lock:
-                record = self._record(take)
-            self._slot.write(record)
-            self._state = self.ledger.read()
-            if self._taken(self._state, st, take) <= budget:
-                with self._lock:
-                    self._pool += take
-                break
-            with self._lock:
-                record = self._record()
-            self._slot.write(record)
-            self._stop.wait(random.uniform(0, WAIT_POLL_SECONDS))  # break the tie
-            break
+        # As much of what is wanted as fits, if that serves the oldest waiting store.
+        take = min(short, budget - self._taken(self._state, st)) if short > 0 else 0
+        if take >= max(first, 1):
+            self._reserve(take, budget, st)
         self._admit_waiting()
         with self._lock:
             waiting_left = bool(self._waiting)
         if waiting_left or self.policy.budget_need(self._demand(self._state, st)):
             if self.policy.eviction == "lru":
                 self.request_eviction()
+
+    def _reserve(self, take: int, budget: int, st: os.statvfs_result) -> None:
+        # Write, then read back: of two writers racing for the last room, at least one sees
+        # the other's record and gives its take back (ledger.py).
+        with self._lock:
+            record = self._record(take)
+        self._slot.write(record)
+        self._state = self.ledger.read()
+        if self._taken(self._state, st, take) <= budget:
+            with self._lock:
+                self._pool += take
+            return
+        with self._lock:
+            record = self._record()
+        self._slot.write(record)
+        self._stop.wait(random.uniform(0, WAIT_POLL_SECONDS))  # break the tie
 
     def _admit_waiting(self) -> None:
         granted: list[_Wait] = []
@@ -463,6 +472,14 @@ class CapacityController:
             self._waiting = keep
         for w, why in refused:
             w.then(why)
+
+    def _refuse_waiting(self, why: str, code: int = errno.ENOSPC) -> None:
+        with self._lock:
+            waiting, self._waiting = list(self._waiting), deque()
+            self.rejected_stores += len(waiting)
+            refused = [(w, self._refusal(w.need, why, code)) for w in waiting]
+        for w, reason in refused:
+            w.then(reason)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no eviction is asked for or running and no store waits for budget
