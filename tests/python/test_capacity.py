@@ -18,7 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
-from kvtier.tiering.fs.capacity import block_file_bytes, parse_size
+from kvtier.tiering.fs.capacity import (
+    CapacityController,
+    CapacityPolicy,
+    block_file_bytes,
+    parse_size,
+)
+from kvtier.tiering.fs.capacity.controller import DEFERRED
 from kvtier.tiering.fs.capacity.evictor import evict, evictor_lock
 from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, Base, LedgerState, UsageLedger
 from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME
@@ -953,3 +959,26 @@ def test_restart_into_a_smaller_budget_stores_at_once(tmp_path):
         assert disk_bytes(tmp_path) <= 12 * FILE
     finally:
         t.close()
+
+
+def test_capacity_calls_return_while_the_state_directory_is_frozen(stallfs):
+    """The root's state directory stops answering (a hung network file system): admission,
+    uses, stats and close() all return while it is still frozen; stores that need more
+    budget are deferred, not waited for."""
+    root = stallfs.mountpoint
+    c = CapacityController(str(root), CapacityPolicy(max_bytes=64 * FILE, min_free_fraction=0), ROW)
+    assert c.admit(1) is None  # the file system answers: a first reservation
+    c.finish_store(1, 1)
+    stallfs.match(STATE_DIR_NAME)
+    stallfs.freeze("all")
+    stallfs.wait_blocked(1)  # the capacity thread is stuck in the state directory
+    answers: list = []
+    for _ in range(3):
+        answers.append(c.admit(1, then=answers.append))
+    c.record_use([str(root / "x.kvb")])
+    assert c.stats()["capacity_bytes"] == 64 * FILE
+    c.close()
+    assert stallfs.status()["blocked"] >= 1  # all of the above returned while frozen
+    assert DEFERRED in answers
+    stallfs.thaw()
+    assert c._exited.wait(WAIT_SECONDS)  # the thread ends once the mount answers again
