@@ -168,11 +168,26 @@ def _checked(value: int, what: str) -> int:
     return value
 
 
+# A file replaced by rename while a network client reads it: ESTALE (GlusterFS, NFS) means
+# "open the new one", not a broken ledger.
+_ESTALE_RETRIES = 5
+
+
 def read_bounded(path: str, limit: int) -> bytes:
     """The bytes of the regular file ``path`` (never through a link), if at most ``limit``.
 
     Raises FileNotFoundError if it is missing, Invalid if it is not a small regular file.
     """
+    for _ in range(_ESTALE_RETRIES - 1):
+        try:
+            return _read_bounded_once(path, limit)
+        except OSError as e:
+            if e.errno != errno.ESTALE:
+                raise
+    return _read_bounded_once(path, limit)
+
+
+def _read_bounded_once(path: str, limit: int) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
