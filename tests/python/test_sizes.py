@@ -9,6 +9,7 @@ import pytest
 from kvtier.bench.config import parse_size as bench_size
 from kvtier.bench.errors import BenchError
 from kvtier.cli import _build_parser
+from kvtier.gpu.options import GPUTransferOptions
 from kvtier.tiering.fs.capacity.sizes import parse_size
 from kvtier.tiering.fs.options import FsTierOptions
 
@@ -69,3 +70,12 @@ def test_bad_sizes_are_refused_everywhere(tmp_path, bad: str) -> None:
 def test_a_fraction_of_a_byte_is_refused() -> None:
     with pytest.raises(ValueError, match="whole number of bytes"):
         parse_size("0.1K")
+
+
+def test_staging_sizes_of_gpu_transfers_read_the_same_grammar(tmp_path) -> None:
+    options = GPUTransferOptions.parse(
+        {"root_dir": str(tmp_path), "staging_buffer_bytes": "2M", "staging_bytes_total": "64MiB"}
+    )
+    assert (options.staging_buffer_bytes, options.staging_bytes_total) == (2 << 20, 64 << 20)
+    with pytest.raises(ValueError, match="staging_buffer_bytes"):
+        GPUTransferOptions.parse({"root_dir": str(tmp_path), "staging_buffer_bytes": "2MB"})
