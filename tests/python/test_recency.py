@@ -122,3 +122,22 @@ def test_a_use_by_another_user_of_the_group_lands_on_a_0660_root(shared_root: Pa
         assert loaded["error"] is None and loaded["results"][0]["success"], loaded
         assert loaded["results"][0]["data_ok"] == [True]
         assert block.stat().st_mtime_ns > OLD_NS + HOUR_NS
+
+
+def test_a_flush_over_many_directories_dates_every_block(tmp_path: Path) -> None:
+    """More fan-out directories than one flush keeps open: each block is still dated once."""
+    root = tmp_path / "root"
+    paths = [
+        root / "ns" / "rank-0" / f"{i:02x}" / f"{j:02x}" / "b.kvb"
+        for i in range(10)
+        for j in range(15)
+    ]
+    for p in paths:
+        p.parent.mkdir(parents=True)
+        p.write_bytes(b"x")
+        os.utime(p, ns=(OLD_NS, OLD_NS))
+    log = RecencyLog(str(root))
+    log.record(str(p) for p in paths)
+    assert log.flush() == len(paths)
+    assert all(p.stat().st_mtime_ns > OLD_NS for p in paths)
+    assert log.flush() == 0  # nothing pending twice

@@ -28,6 +28,8 @@ FLUSH_SECONDS = 2.0
 # Directory descriptors one flush keeps open while it walks (blocks of one fan-out directory
 # are usually used together); beyond this many the cache starts again.
 _MAX_OPEN_DIRS = 64
+# Levels kept open across cache overflows: the namespace and the rank directory.
+_KEPT_DEPTH = 2
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -72,48 +74,69 @@ class RecencyLog:
             root_fd = os.open(self.root, _DIR_FLAGS & ~os.O_NOFOLLOW)  # root_dir may be a link
         except OSError:
             return 0  # the root is gone or unreachable: nothing to keep warm
-        dirs: dict[str, int] = {}
+        walker = _Walker(root_fd, self.root.rstrip("/") + "/")
         done = 0
         try:
-            prefix = self.root.rstrip("/") + "/"
             for path in paths:
-                full = os.path.abspath(path)
-                if not full.startswith(prefix):
-                    continue  # not beneath the root: never ours to date
-                *parents, name = full[len(prefix) :].split("/")
+                parent, _, name = path.rpartition("/")
                 try:
-                    parent = _open_parent(root_fd, parents, dirs)
-                    os.utime(name, dir_fd=parent, follow_symlinks=False)
+                    os.utime(name, dir_fd=walker.open(parent), follow_symlinks=False)
                     done += 1
-                except OSError:
+                except (OSError, ValueError):
                     # ENOENT: evicted or never written; ELOOP/ENOTDIR: a link or a file where
-                    # a directory belongs; EACCES/EPERM: no write permission. Its use is lost.
+                    # a directory belongs; EACCES/EPERM: no write permission; ValueError: not
+                    # a plain path beneath the root. Its use is lost.
                     pass
         finally:
-            for fd in dirs.values():
-                os.close(fd)
+            walker.close()
             os.close(root_fd)
         return done
 
 
-def _open_parent(root_fd: int, parents: list[str], dirs: dict[str, int]) -> int:
-    """Descriptor of the directory ``parents`` beneath ``root_fd``, opened one component at a
-    time without following links (cached in ``dirs`` for the rest of the flush)."""
-    if any(part in ("", ".", "..") for part in parents):
-        raise OSError(0, "not a plain path beneath the root")
-    if len(dirs) + len(parents) > _MAX_OPEN_DIRS:  # never while a walk holds one of them
-        for old in dirs.values():
-            os.close(old)
-        dirs.clear()
-    fd, rel = root_fd, ""
-    for part in parents:
-        rel = f"{rel}/{part}"
-        cached = dirs.get(rel)
-        if cached is None:
-            cached = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            dirs[rel] = cached
-        fd = cached
-    return fd
+class _Walker:
+    """Directories beneath a root, opened one component at a time without following links,
+    kept open for the rest of one flush (uses cluster in few directories)."""
+
+    def __init__(self, root_fd: int, prefix: str) -> None:
+        self._root_fd = root_fd
+        self._prefix = prefix  # the root's path with one trailing "/"
+        self._dirs: dict[str, int] = {}  # directory path -> descriptor
+
+    def open(self, directory: str) -> int:
+        fd = self._dirs.get(directory)
+        if fd is not None:
+            return fd
+        if not directory.startswith(self._prefix):
+            raise ValueError(f"{directory} is not beneath {self._prefix}")
+        parts = directory[len(self._prefix) :].split("/")
+        if any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"{directory} is not a plain path")
+        if len(self._dirs) + len(parts) > _MAX_OPEN_DIRS:
+            self._shrink(len(parts))
+        fd, path = self._root_fd, self._prefix.rstrip("/")
+        for part in parts:
+            path = f"{path}/{part}"
+            cached = self._dirs.get(path)
+            if cached is None:
+                cached = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                self._dirs[path] = cached
+            fd = cached
+        return fd
+
+    def _shrink(self, room: int) -> None:
+        # Fan-out directories go (there are 65,536 per rank); namespaces and ranks stay,
+        # unless there are that many of them. Never during a walk: it holds some of them.
+        depth = self._prefix.count("/") + _KEPT_DEPTH - 1  # of a rank directory
+        deep = [p for p in self._dirs if p.count("/") > depth]
+        if len(self._dirs) - len(deep) + room > _MAX_OPEN_DIRS:
+            deep = list(self._dirs)
+        for path in deep:
+            os.close(self._dirs.pop(path))
+
+    def close(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
 
 
 __all__ = ["FLUSH_SECONDS", "RecencyLog"]
