@@ -110,15 +110,21 @@ def test_uses_land_in_the_order_they_were_made(tmp_path: Path) -> None:
     assert mtimes == sorted(mtimes)
 
 
-def test_a_use_by_another_user_of_the_group_lands_on_a_0660_root(shared_root: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize(("file_mode", "user"), [(0o660, "b"), (0o666, "c")])
+def test_a_use_by_another_user_lands_wherever_file_mode_shares_the_root(
+    shared_root: Path,  # noqa: F811
+    file_mode: int,
+    user: str,
+) -> None:
+    """kvt-b shares kvt-a's group (0660); kvt-c does not (0666). Either may write kvt-a's
+    block, neither owns it: its use must still date it."""
     with _users() as users:
-        options = {"file_mode": 0o660, "max_bytes": "1GiB"}
+        options = {"file_mode": file_mode, "max_bytes": "1GiB"}
         stored = run_tier(shared_root, [("store", [1])], options, user=users["a"])
         assert stored["error"] is None and stored["results"][0]["success"], stored
         block = Path(mapper(shared_root).get_file_name(key(1)))
         os.utime(block, ns=(OLD_NS, OLD_NS))
-        # kvt-b shares kvt-a's group; the block is kvt-a's (0660): b may write it, not own it.
-        loaded = run_tier(shared_root, [("load", [1])], options, user=users["b"])
+        loaded = run_tier(shared_root, [("load", [1])], options, user=users[user])
         assert loaded["error"] is None and loaded["results"][0]["success"], loaded
         assert loaded["results"][0]["data_ok"] == [True]
         assert block.stat().st_mtime_ns > OLD_NS + HOUR_NS
