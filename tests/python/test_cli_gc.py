@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -193,9 +194,7 @@ def test_gc_init_makes_a_directory_a_root_deliberately(tmp_path):
 
 
 def test_a_root_with_tier_namespaces_is_a_root_without_capacity_state(tree):
-    for path in (tree / ".kvtier").iterdir():
-        path.unlink()
-    (tree / ".kvtier").rmdir()
+    shutil.rmtree(tree / ".kvtier")
     proc = kvtier("du", str(tree), "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["blocks"] == 40
@@ -235,7 +234,7 @@ def test_du_reports_mtimes_outside_years_1_to_9999(big_time_fs):
 
 @pytest.mark.parametrize("command", [["du"], ["gc", "--max-bytes", "1G"]])
 def test_a_fifo_at_the_ledger_is_an_error_naming_it(tree, command):
-    ledger = tree / ".kvtier" / "usage.json"
+    ledger = tree / ".kvtier" / LEDGER_FILE_NAME
     ledger.unlink()
     os.mkfifo(ledger)
     # Opening a FIFO for reading blocks until a writer comes: gc/du must never open it.
