@@ -31,6 +31,9 @@ struct BlockResult {
   bool dedup = false;          ///< store skipped: the block file already existed
   bool corrupt_removed = false;
   bool o_direct_fallback = false;
+  /// Nonzero on one result of the batch in which the worker gave its io_uring up: the errno
+  /// io_uring_enter kept answering (the blocks themselves were all run; see run_ring_batch).
+  int ring_retired_errno = 0;
 
   bool ok() const noexcept { return error == 0; }
 };

@@ -237,21 +237,15 @@ bool Ring::apply_filter(SubmitFilter filter, io_uring_sqe& sqe) noexcept {
 }
 
 int Ring::submit_and_wait(unsigned wait) noexcept {
-  unsigned to_submit = publish_entries();
-  for (;;) {
-    const unsigned flags = wait > 0 ? IORING_ENTER_GETEVENTS : 0;
-    const int n = sys_enter(fd_, to_submit, wait, flags);
-    if (n >= 0) {
-      if (n == 0 && to_submit > 0) return EBUSY;  // refused without an error: give up
-      to_submit -= std::min(to_submit, static_cast<unsigned>(n));
-      if (to_submit == 0) return 0;
-      continue;  // the kernel took part of the batch; offer it the rest
-    }
-    // EINTR: a signal arrived while waiting; EAGAIN/EBUSY: no room for completions until some
-    // are reaped, which the caller does after waiting for them (so only retry the wait).
-    if (errno == EINTR) continue;
-    return errno;
-  }
+  // What the kernel has not consumed yet, counted from the ring itself: after an error or a
+  // partial submission the next call offers exactly the rest.
+  const unsigned to_submit = publish_entries();
+  const unsigned flags = wait > 0 ? IORING_ENTER_GETEVENTS : 0;
+  const int n = sys_enter(fd_, to_submit, wait, flags);
+  if (n < 0) return errno;
+  // The kernel took nothing and said nothing (no room for completions): transient.
+  if (n == 0 && to_submit > 0) return EBUSY;
+  return 0;
 }
 
 int probe_io_uring(std::string& reason) noexcept {
