@@ -489,7 +489,7 @@ void prepare(const IoContext& ctx, WorkerContext& worker, Ring& ring, bool is_lo
     // Nothing is queued before the last allocation of a prepare step; a tmp file it made
     // goes (a load's descriptors close with the Block).
     if (!is_load && b.file.fd) b.file.discard_tmp();
-    *b.out = failure(ENOMEM, is_load ? "load" : "store", b.op->path, "out of memory");
+    *b.out = unallocated_failure(ENOMEM, is_load ? "load" : "store", "out of memory");
     b.how = Disposition::kDone;
   }
 }
@@ -504,7 +504,8 @@ void settle(const IoContext& ctx, WorkerContext& worker, bool is_load, Block& b,
     try {
       unstage_load(ctx, worker, b, ready);
     } catch (const std::bad_alloc&) {
-      b.copy_error = StepError(ENOMEM, "load", "out of memory");
+      b.copy_error.error = ENOMEM;  // reported by finish_load (the message's copy may fail)
+      b.copy_error.operation = "load";
     }
   }
   b.lease.reset();
@@ -523,7 +524,7 @@ void finish(const IoContext& ctx, WorkerContext& worker, bool is_load, Block& b,
     is_load ? finish_load(ctx, worker, b, ready) : finish_store(ctx, worker, b, ready);
   } catch (const std::bad_alloc&) {
     if (!is_load) b.file.discard_tmp();
-    *b.out = failure(ENOMEM, is_load ? "load" : "store", b.op->path, "out of memory");
+    *b.out = unallocated_failure(ENOMEM, is_load ? "load" : "store", "out of memory");
   }
 }
 

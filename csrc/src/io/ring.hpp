@@ -57,9 +57,6 @@ class Ring {
       fn(sqes_[sq_array_[i & sq_mask_]].user_data);
   }
 
-  /// Drops the entries taken by get_sqe() that were never published.
-  void forget_unpublished() noexcept { sqe_tail_ = sqe_head_; }
-
   /// Calls `fn(user_data, res)` for each available completion and returns how many.
   template <typename Fn>
   unsigned reap(Fn&& fn) noexcept {
