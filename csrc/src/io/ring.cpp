@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <vector>
 
 namespace kvtier::detail {
@@ -135,9 +136,11 @@ int Ring::init(unsigned entries) noexcept {
 
   // The probe names what this kernel can do; kernels before 5.6 have no probe (EINVAL) and
   // none of the opcodes either, which leaves every entry unsupported.
-  const std::size_t probe_size = sizeof(io_uring_probe) + 256 * sizeof(io_uring_probe_op);
-  std::vector<unsigned char> probe_memory(probe_size, 0);
-  auto* probe = reinterpret_cast<io_uring_probe*>(probe_memory.data());
+  // The probe's buffer is on the stack (about 2 KiB): init() is noexcept and must not
+  // allocate.
+  alignas(io_uring_probe) unsigned char probe_memory[sizeof(io_uring_probe) +
+                                                     256 * sizeof(io_uring_probe_op)] = {};
+  auto* probe = reinterpret_cast<io_uring_probe*>(probe_memory);
   if (sys_register(fd_, IORING_REGISTER_PROBE, probe, 256) == 0) {
     for (unsigned i = 0; i < probe->ops_len && i < 256; ++i)
       if (probe->ops[i].flags & IO_URING_OP_SUPPORTED) supported_[probe->ops[i].op] = 1;
@@ -228,7 +231,11 @@ bool Ring::apply_filter(SubmitFilter filter, io_uring_sqe& sqe) noexcept {
   if (sqe.opcode == IORING_OP_CLOSE) {
     // A close that reports an error has released the descriptor all the same: the real
     // close runs (in its place in the chain) and only its result is rewritten.
-    rewrites_.push_back({sqe.user_data, result});
+    try {
+      rewrites_.push_back({sqe.user_data, result});
+    } catch (const std::bad_alloc&) {
+      // A test seam only: out of memory, the close keeps its real result.
+    }
     return breaks_link;
   }
   const bool cancel_next = result >= 0 && breaks_link && short_count(sqe, result);
@@ -248,7 +255,8 @@ int Ring::submit_and_wait(unsigned wait) noexcept {
   return 0;
 }
 
-int probe_io_uring(std::string& reason) noexcept {
+// Not noexcept: the reason is a string (an allocation failure reaches the engine's constructor).
+int probe_io_uring(std::string& reason) {
   Ring ring;
   if (int e = ring.init(4)) {
     reason = std::string("io_uring_setup failed: ") + std::strerror(e) +

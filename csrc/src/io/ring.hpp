@@ -139,7 +139,8 @@ extern const unsigned kRequiredOpcodeCount;
 
 /// Whether this process may use io_uring for block files: sets up a small ring and probes the
 /// required opcodes. Returns 0, or an errno with `reason` saying what refused it.
-int probe_io_uring(std::string& reason) noexcept;
+/// Throws std::bad_alloc only (making `reason`).
+int probe_io_uring(std::string& reason);
 
 /// Test-only seam at the system-call boundary. When set, every submission entry passes
 /// through `filter` just before the kernel sees it; a filter that returns true (and sets
