@@ -277,7 +277,7 @@ def _worker(spec: dict[str, Any]) -> None:
         raise AssertionError(f"job {job_id} did not finish in 60 s")
 
     report: dict[str, Any] = {"stored": 0, "refused": 0, "errors": [], "loaded": 0}
-    report.update({"missing": 0, "wrong": 0, "load_errors": []})
+    report.update({"missing": 0, "stale": 0, "wrong": 0, "load_errors": []})
     stored: list[int] = []
     rng = np.random.default_rng(spec["first"])
     job_id = 0
@@ -302,6 +302,10 @@ def _worker(spec: dict[str, Any]) -> None:
                 report["wrong"] += bytes(buf[1]) != payload(j, row)
             elif "errno 2)" in (r.error or "") or "No such file" in (r.error or ""):
                 report["missing"] += 1  # evicted meanwhile: a miss, not an error
+            elif "errno 116)" in (r.error or ""):
+                # Evicted through another mount: GlusterFS answers ESTALE, not ENOENT, when
+                # the file went after this client looked the name up. Also a miss.
+                report["stale"] += 1
             else:
                 report["load_errors"].append(r.error)
         time.sleep(spec.get("pause", 0.0))

@@ -173,7 +173,12 @@ def test_host_processes_have_their_own_host_name_and_pids(gluster: Volume) -> No
     import sys
 
     out = subprocess.run(
-        [*host_prefix(B), sys.executable, "-c", "import os, socket; print(socket.gethostname(), os.getpid())"],
+        [
+            *host_prefix(B),
+            sys.executable,
+            "-c",
+            "import os, socket; print(socket.gethostname(), os.getpid())",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
