@@ -413,8 +413,17 @@ def _close(lookups: LookupCache, capacity: CapacityController, owner_pid: int) -
     # In a forked child (at its exit) the threads and the budget lease are the parent's.
     if inherited(owner_pid):
         return
-    lookups.close()
-    capacity.close()
+    # shutdown() never raises for the storage's sake: a volume that fails every call (EIO) or
+    # is gone still lets the tier stop; what could not be written back is said once.
+    for part, close in (("lookup cache", lookups.close), ("capacity budget", capacity.close)):
+        try:
+            close()
+        except OSError as e:
+            # str(e): a record holding the exception would keep its frames (and their open
+            # files) alive for as long as a handler keeps the record.
+            logger.warning(
+                "closing the %s failed: %s (the tier is shut down all the same)", part, str(e)
+            )
 
 
 def _forget_evicted(
