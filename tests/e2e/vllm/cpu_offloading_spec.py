@@ -32,7 +32,9 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 class _HostCopyWorker(OffloadingWorker):
     """Moves whole block pages between the engine's KV cache and primary-tier rows."""
 
-    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, region: SharedOffloadRegion):
+    def __init__(
+        self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, region: SharedOffloadRegion
+    ):
         self._region = region
         self._bpc = blocks_per_chunk
         self._engine: list[torch.Tensor] = []  # per tensor: (num_blocks, page) int8
@@ -63,7 +65,9 @@ class _HostCopyWorker(OffloadingWorker):
             chunk_start += -(-(skip + size) // self._bpc) if size else 0
         return torch.tensor(blocks), torch.tensor(rows), torch.tensor(subs)
 
-    def _copy(self, job_id: int, engine_spec: GPULoadStoreSpec, chunks: LoadStoreSpec, store: bool) -> bool:
+    def _copy(
+        self, job_id: int, engine_spec: GPULoadStoreSpec, chunks: LoadStoreSpec, store: bool
+    ) -> bool:
         blocks, rows, subs = self._sub_blocks(engine_spec, chunks)
         size = 0
         for engine, cpu in zip(self._engine, self._rows):
@@ -75,11 +79,17 @@ class _HostCopyWorker(OffloadingWorker):
         self._done.append(TransferResult(job_id=job_id, success=True, transfer_size=size))
         return True
 
-    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+    def submit_store(
+        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
+    ) -> bool:
         return self._copy(job_id, src_spec, dst_spec, store=True)
 
     def submit_load(
-        self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec, expedited: bool = False
+        self,
+        job_id: int,
+        src_spec: LoadStoreSpec,
+        dst_spec: GPULoadStoreSpec,
+        expedited: bool = False,
     ) -> bool:
         return self._copy(job_id, dst_spec, src_spec, store=False)
 

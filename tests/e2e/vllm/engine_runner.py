@@ -10,6 +10,7 @@ report its own counters. Also used by bench/vllm_ttft.py.
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import os
 import sys
@@ -20,6 +21,22 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+SKIP_REASON = (
+    "vLLM is not installed in this environment; the vLLM engine tests run in their own venv: "
+    "bash .ci/vllm-engine-env.sh .venv-vllm-engine && "
+    ".venv-vllm-engine/bin/python -m pytest tests/e2e/vllm"
+)
+
+# Three prompts sharing a 640-token prefix (5 offloaded chunks of 128 tokens), each with its
+# own 40-token tail (never a full chunk, so never stored).
+PREFIX_TOKENS = 640
+PREFIX_CHUNKS = 5
+MAX_TOKENS = 8
+# KV bytes of one chunk of the tiny model: 128 tokens x 2 layers x (K, V) x 2 heads x 64 x bf16.
+CHUNK_BYTES = 128 * 2 * 2 * 2 * 64 * 2
+
+
 KVTIER_TIER = {"type": "KvtierFileSystemTier", "module_path": "kvtier.integrations.vllm"}
 # The offloaded chunk: 128 tokens per kvtier block file.
 CHUNK_TOKENS = 128
@@ -122,7 +139,6 @@ def _metric_values(llm: Any) -> dict[str, float]:
 
 def _kvtier_stats() -> dict[str, int]:
     import cpu_offloading_spec
-
     from kvtier.integrations.vllm import KvtierFileSystemTier
 
     tiers = [
@@ -140,9 +156,8 @@ def _serve(conn: Any, settings: EngineSettings) -> None:
     os.environ.update(ENGINE_ENV)
     sys.path.insert(0, str(HERE))  # cpu_offloading_spec, for vLLM's spec_module_path
     try:
-        from vllm import LLM, SamplingParams
+        from vllm import LLM
         from vllm.config import KVTransferConfig
-        from vllm.inputs import TokensPrompt
 
         kwargs: dict[str, Any] = {
             "model": settings.model,
@@ -160,6 +175,15 @@ def _serve(conn: Any, settings: EngineSettings) -> None:
         conn.send(("error", traceback.format_exc()))
         return
     conn.send(("ok", None))
+    _answer_commands(conn, llm)
+    del llm  # shuts the engine down (and kvtier's tier with it) before the process exits
+    conn.send(("ok", None))
+
+
+def _answer_commands(conn: Any, llm: Any) -> None:
+    """Run the test process's commands on ``llm`` until it sends ``close``."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
 
     def generate(prompts: Sequence[Sequence[int]], max_tokens: int = 8) -> list[list[int]]:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -177,13 +201,11 @@ def _serve(conn: Any, settings: EngineSettings) -> None:
     while True:
         name, args = conn.recv()
         if name == "close":
-            break
+            return
         try:
             conn.send(("ok", commands[name](**args)))
         except BaseException:
             conn.send(("error", traceback.format_exc()))
-    del llm  # shuts the engine down (and kvtier's tier with it) before the process exits
-    conn.send(("ok", None))
 
 
 # -- the test process's handle -------------------------------------------------------------

@@ -16,14 +16,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import CHUNK_BYTES, HAVE_VLLM, MAX_TOKENS, PREFIX_CHUNKS, PREFIX_TOKENS, SKIP_REASON
+from engine_runner import (
+    CHUNK_BYTES,
+    HAVE_VLLM,
+    MAX_TOKENS,
+    PREFIX_CHUNKS,
+    PREFIX_TOKENS,
+    SKIP_REASON,
+    EngineProcess,
+    EngineSettings,
+    kvtier_config,
+)
 
 if not HAVE_VLLM:
     pytest.skip(SKIP_REASON, allow_module_level=True)
 
-from engine_runner import EngineProcess, EngineSettings, kvtier_config
 
-HITS = "vllm:external_prefix_cache_hits{}"
 KVTIER = "KvtierFileSystemTier"  # vLLM labels it tier="1:KvtierFileSystemTier"
 
 
@@ -45,10 +53,24 @@ def wait_for(predicate, what: str, timeout: float = 120.0):  # type: ignore[no-u
     return value
 
 
-def stores_settled(engine: EngineProcess) -> dict[str, int] | None:
-    stats = engine.tier_stats()
-    busy = stats["queued_stores"] + stats["running_stores"] + stats["queued_store_jobs"]
-    return None if busy else stats
+def settled_stats(engine: EngineProcess) -> dict[str, int]:
+    """kvtier's counters once its stores are on disk: nothing in flight, twice 1 s apart.
+
+    (Its ``queued_store_jobs`` stays up until vLLM collects the finished job in an engine
+    step, which an idle engine does not take.)"""
+
+    def idle() -> dict[str, int] | None:
+        stats = engine.tier_stats()
+        busy = stats["jobs_in_flight"] + stats["queued_stores"] + stats["running_stores"]
+        return None if busy else stats
+
+    before = wait_for(idle, "kvtier's stores")
+    while True:
+        time.sleep(1.0)
+        after = wait_for(idle, "kvtier's stores")
+        if after["store_jobs"] == before["store_jobs"]:
+            return after
+        before = after
 
 
 @dataclass
@@ -64,7 +86,7 @@ class Served:
 def serve(engine: EngineProcess, prompts: list[list[int]]) -> Served:
     before_m, before_s = engine.metrics(), engine.tier_stats()
     tokens = engine.generate(prompts, MAX_TOKENS)
-    after_m, after_s = engine.metrics(), wait_for(lambda: stores_settled(engine), "stores")
+    after_m, after_s = engine.metrics(), settled_stats(engine)
     return Served(
         tokens=tokens,
         external_hits=metric(after_m, "vllm:external_prefix_cache_hits")
