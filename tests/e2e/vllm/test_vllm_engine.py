@@ -9,6 +9,7 @@ order and share the engines of the module-scoped ``writer`` fixture.
 
 from __future__ import annotations
 
+import random
 import shutil
 import time
 from collections.abc import Iterator
@@ -201,3 +202,35 @@ def test_corrupted_block_is_recomputed_counted_and_stored_again(
     assert victim.exists()
     assert victim.read_bytes() != corrupted
     assert len(block_files(root)) == PREFIX_CHUNKS
+
+
+def test_capacity_budget_holds_under_engine_traffic(model_dir: Path, tmp_path: Path) -> None:
+    """Today's capacity options (max_bytes, eviction "lru"): prompts worth twice the budget."""
+    root = tmp_path / "root"
+    block_file_bytes = 4096 + CHUNK_BYTES  # a header and one chunk's KV
+    budget = 20 * block_file_bytes
+    rng = random.Random(7)
+    engine = EngineProcess(
+        EngineSettings(str(model_dir), kvtier_config(root, max_bytes=budget, eviction="lru"))
+    )
+    try:
+        for _ in range(8):  # 8 distinct prompts of 5 chunks: 40 block files stored
+            prompt = [rng.randrange(3, 1024) for _ in range(PREFIX_TOKENS + 40)]
+            engine.generate([prompt], MAX_TOKENS)
+            settled_stats(engine)
+            on_disk = sum(p.stat().st_size for p in block_files(root))
+            assert on_disk <= budget, f"{on_disk} bytes of block files over a {budget} budget"
+        stats = wait_for(
+            lambda: (s := settled_stats(engine))["evicted_blocks"] and s, "an eviction", 60
+        )
+        engine.generate([[5, 6, 7]], 2)  # vLLM collects the tier's stats in an engine step
+        metrics = engine.metrics()
+    finally:
+        engine.close()
+    assert stats["store_blocks"] == 8 * PREFIX_CHUNKS
+    assert stats["rejected_stores"] == 0
+    assert stats["capacity_bytes"] == budget
+    assert len(block_files(root)) == 8 * PREFIX_CHUNKS - stats["evicted_blocks"]
+    # The same counters in vLLM's metrics, labelled by the root.
+    assert metric(metrics, "vllm:kvtier_capacity_bytes", str(root)) == budget
+    assert metric(metrics, "vllm:kvtier_evicted_blocks", str(root)) > 0
