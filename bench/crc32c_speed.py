@@ -32,20 +32,13 @@ import sys
 import time
 
 import numpy as np
+from kvtier.tiering.fs.capacity.sizes import parse_size
 
 # kvtier::crc32c_implementation()'s names for this architecture, fastest first.
 IMPLEMENTATIONS = {
     "x86_64": ("avx512-vpclmul", "avx2-vpclmul", "sse42", "table"),
     "aarch64": ("armv8-pmull", "armv8-crc", "table"),
 }.get(platform.machine(), ("table",))
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
 
 
 def time_runs(data: np.ndarray, chunk: int, passes: int, repeat: int) -> dict:

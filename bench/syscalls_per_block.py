@@ -25,6 +25,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from kvtier.tiering.fs.capacity.sizes import parse_size
+
 CHILD = textwrap.dedent(
     """
     import mmap, sys
@@ -65,12 +67,6 @@ CHILD = textwrap.dedent(
     e.shutdown()
     """
 )
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
 def count(root: Path, args: argparse.Namespace, n: int, phase: str) -> dict[str, int]:

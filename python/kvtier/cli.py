@@ -138,6 +138,7 @@ def _gc(args: argparse.Namespace) -> int:
 
 def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from kvtier.bench.config import DEFAULT_REPEAT
+    from kvtier.tiering.fs.capacity.sizes import SIZE_UNITS_HELP
 
     bench = sub.add_parser(
         "bench",
@@ -167,14 +168,14 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--sizes",
         type=_sizes,
         default=None,
-        help="block sizes, comma-separated, binary units (default: 256K,2M)",
+        help=f"block sizes, comma-separated (default: 256K,2M; {SIZE_UNITS_HELP})",
     )
     bench.add_argument(
         "--total",
         type=_size,
         default=None,
         help="bytes stored per block size, all runs together (default: 1G, bounded by free "
-        "disk and memory)",
+        f"disk and memory; {SIZE_UNITS_HELP})",
     )
     bench.add_argument(
         "--read-threads",
@@ -253,9 +254,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         type=_max_bytes,
         default=None,
         metavar="SIZE",
-        help='also measure a full cache of this budget ("512MiB", "2GB"): stores of 2 x SIZE '
+        help='also measure a full cache of this budget ("512M", "2GB"): stores of 2 x SIZE '
         "into it (each one makes room) next to the same stores without a budget, eviction CPU "
-        "per GiB and recency bookkeeping on load latency; needs 2 x SIZE free",
+        f"per GiB and recency bookkeeping on load latency; needs 2 x SIZE free ({SIZE_UNITS_HELP})",
     )
     bench.add_argument(
         "--json",

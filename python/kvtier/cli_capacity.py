@@ -11,11 +11,15 @@ import argparse
 import datetime
 import json
 import os
+import re
+import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvtier import _core
 from kvtier.tiering.fs.capacity.evictor import Evicted, evict, evictor_lock
 from kvtier.tiering.fs.capacity.ledger import UsageLedger, state_dir
 from kvtier.tiering.fs.capacity.policy import (
@@ -23,10 +27,13 @@ from kvtier.tiering.fs.capacity.policy import (
     CapacityPolicy,
     fs_used_bytes,
 )
-from kvtier.tiering.fs.capacity.sizes import format_size, parse_size
+from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME
+from kvtier.tiering.fs.capacity.sizes import SIZE_UNITS_HELP, format_size, parse_size
 from kvtier.tiering.fs.capacity.survey import Survey, survey
+from kvtier.tiering.fs.file_mapper import make_tier_directory
 
 EXIT_USAGE = 2
+EXIT_FAILED = 1
 # `gc --once` waits this long for a tier that is evicting already, then gives up (exit 1).
 LOCK_WAIT_SECONDS = 60.0
 
@@ -70,11 +77,23 @@ def add_commands(sub: Any) -> dict[str, argparse.ArgumentParser]:
         help="bring a root within its byte budget and free-space floor (LRU), once or as a sidecar",
         description="Evict least recently used block files under ROOT until it is within "
         "--max-bytes and the file system has --min-free-fraction free, with the policy the "
-        "tiers use (starts above 90%% of the budget, goes down to 80%%). Only block files "
-        "(*.kvb) are removed.",
+        "tiers use (starts above 90% of the budget, goes down to 80%). Only block files "
+        "(*.kvb) are removed. ROOT must be a kvtier root (a directory a tier has used, or one "
+        "made a root with --init).",
     )
     gc.add_argument("root", type=Path, metavar="ROOT", help="the tiers' root_dir")
-    gc.add_argument("--max-bytes", type=size_arg, metavar="SIZE", help='e.g. "500GiB", "2TB"')
+    gc.add_argument(
+        "--max-bytes",
+        type=size_arg,
+        metavar="SIZE",
+        help=f'e.g. "500GiB", "2TB" ({SIZE_UNITS_HELP})',
+    )
+    gc.add_argument(
+        "--init",
+        action="store_true",
+        help=f"make ROOT (an existing directory) a kvtier root if it is not one: create "
+        f"ROOT/{STATE_DIR_NAME}/",
+    )
     gc.add_argument(
         "--min-free-fraction",
         type=_fraction_arg,
@@ -100,17 +119,99 @@ def add_commands(sub: Any) -> dict[str, argparse.ArgumentParser]:
     return {"gc": gc, "du": du}
 
 
-def _check_root(command: str, root: Path) -> str | None:
+# A namespace directory of a tier: "<model-slug>-<fp[0:32]>" (docs/FORMAT.md, "Paths").
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._-]{1,48}-[0-9a-f]{32}$")
+
+
+def _error(command: str, message: str) -> None:
+    print(f"kvtier {command}: error: {message}", file=sys.stderr)
+
+
+def is_kvtier_root(root: str) -> bool:
+    """Whether ``root`` is a kvtier root: it holds the capacity state directory, or the
+    namespace directory (with its config.json) of a tier that used it (docs/FORMAT.md)."""
+    try:
+        if stat.S_ISDIR(os.lstat(os.path.join(root, STATE_DIR_NAME)).st_mode):
+            return True
+    except FileNotFoundError:
+        pass
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if not (_NAMESPACE_RE.match(entry.name) and entry.is_dir(follow_symlinks=False)):
+                continue
+            try:
+                if stat.S_ISREG(os.lstat(os.path.join(entry.path, "config.json")).st_mode):
+                    return True
+            except OSError:
+                pass
+    return False
+
+
+def _check_root(command: str, root: Path, init: bool = False) -> str | None:
+    """The absolute path of ``root`` if gc/du may work on it; else print why and None."""
     if not root.is_dir():
-        print(f"kvtier {command}: error: {root} is not a directory", file=sys.stderr)
+        _error(command, f"{root} is not a directory")
         return None
-    return os.path.abspath(root)
+    path = os.path.abspath(root)
+    try:
+        if init:
+            make_tier_directory(
+                os.path.join(path, STATE_DIR_NAME), int(_core.directory_mode(0o600))
+            )
+        elif not is_kvtier_root(path):
+            _error(
+                command,
+                f"{path} is not a kvtier root (no {STATE_DIR_NAME}/ and no tier namespace in "
+                f"it); if it is meant to be one, make it so with `kvtier gc --init {path}`",
+            )
+            return None
+        ledger = os.path.join(state_dir(path), "usage.json")
+        try:
+            mode = os.lstat(ledger).st_mode
+        except FileNotFoundError:
+            return path
+        if not stat.S_ISREG(mode):  # a FIFO would block the first open; refuse it unopened
+            _error(
+                command,
+                f"{ledger} is not a regular file ({_file_kind(mode)}); remove it (the tiers "
+                "rebuild the ledger by a scan)",
+            )
+            return None
+    except OSError as exc:
+        _error(command, f"{exc.filename or path}: {exc.strerror or exc}")
+        return None
+    return path
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {
+        stat.S_ISFIFO: "a FIFO",
+        stat.S_ISLNK: "a symbolic link",
+        stat.S_ISDIR: "a directory",
+        stat.S_ISSOCK: "a socket",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+    }
+    return next((name for test, name in kinds.items() if test(mode)), "not a regular file")
 
 
 def run_gc(args: argparse.Namespace) -> int:
-    root = _check_root("gc", args.root)
+    root = _check_root("gc", args.root, args.init)
     if root is None:
         return EXIT_USAGE
+    return _failing_with_path("gc", root, lambda: _run_gc(args, root))
+
+
+def _failing_with_path(command: str, root: str, work: Callable[[], int]) -> int:
+    """``work()``, with a file-system error turned into one line naming the path (exit 1)."""
+    try:
+        return work()
+    except OSError as exc:
+        _error(command, f"{exc.filename or root}: {exc.strerror or exc}")
+        return EXIT_FAILED
+
+
+def _run_gc(args: argparse.Namespace, root: str) -> int:
     if args.json is not None and not args.json.resolve().parent.is_dir():
         print(f"kvtier gc: error: --json {args.json}: no such directory", file=sys.stderr)
         return EXIT_USAGE
@@ -118,8 +219,8 @@ def run_gc(args: argparse.Namespace) -> int:
     while True:
         summary = _gc_round(root, policy, args.dry_run, args.interval is None)
         if summary is None:
-            print(f"kvtier gc: error: another evictor kept {root} busy", file=sys.stderr)
-            return 1
+            _error("gc", f"another evictor kept {root} busy")
+            return EXIT_FAILED
         print(_summary_line(summary), flush=True)
         if args.json is not None:
             args.json.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
@@ -217,6 +318,10 @@ def run_du(args: argparse.Namespace) -> int:
     root = _check_root("du", args.root)
     if root is None:
         return EXIT_USAGE
+    return _failing_with_path("du", root, lambda: _run_du(args, root))
+
+
+def _run_du(args: argparse.Namespace, root: str) -> int:
     started = time.monotonic()
     found = survey(root, 0)
     rows: list[dict[str, Any]] = [
@@ -268,9 +373,14 @@ def run_du(args: argparse.Namespace) -> int:
 
 
 def _iso(ns: int | None) -> str | None:
+    """A use time for people: ISO 8601 in UTC, or ``@<seconds>`` (as `date -d` reads it)
+    for an mtime outside what ISO dates can say (years 1-9999; anyone can set any mtime)."""
     if ns is None:
         return None
-    t = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+    try:
+        t = datetime.datetime.fromtimestamp(ns // 10**9, tz=datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"@{ns // 10**9}"
     return t.isoformat(timespec="seconds")
 
 

@@ -101,12 +101,15 @@ def _ensure_fusectl() -> None:
     with open("/proc/self/mountinfo") as f:
         if any(line.split(" - ")[-1].startswith("fusectl ") for line in f):
             return
-    subprocess.run(
+    proc = subprocess.run(
         ["mount", "-t", "fusectl", "none", str(FUSECTL)],
         check=False,
         capture_output=True,
+        text=True,
         timeout=30,
     )
+    if proc.returncode != 0:  # without it no abort reaches a frozen mount: say so, never hang
+        raise RuntimeError(f"cannot mount fusectl at {FUSECTL}: {proc.stderr.strip()}")
 
 
 class StallFS:
@@ -193,15 +196,18 @@ class StallFS:
 
     def abort(self) -> None:
         """Aborts the FUSE connection: calls blocked in it fail with ECONNABORTED, later calls
-        with ENOTCONN, until the mount is gone. Mounts fusectl where it is not mounted."""
+        with ENOTCONN, until the mount is gone. (fusectl was mounted with the mount.)"""
         if self.connection is None:
             return
-        _ensure_fusectl()
         abort = FUSECTL / self.connection / "abort"
         try:
             abort.write_text("1")
         except FileNotFoundError:
-            pass  # the connection is gone already
+            if self.process.poll() is None and _mount_device(self.mountpoint) is not None:
+                # Mounted and served, yet fusectl does not list it: an abort that silently
+                # did nothing would leave every caller blocked for good.
+                raise RuntimeError(f"fusectl has no connection {self.connection}") from None
+            # otherwise the connection is gone already
 
     def stop_daemon(self) -> None:
         """SIGSTOPs the daemon, as a hung FUSE server: everything on the mount blocks, the
@@ -296,6 +302,9 @@ class StallFS:
         # fusectl names a connection by the kernel's dev_t (major << 20 | minor), which the
         # user-space encoding in mountinfo matches only for small minor numbers.
         self.connection = str((major << 20) | minor)
+        # Now, while nothing is frozen: spawning `mount` later, with a caller blocked, would
+        # hang in the child, whose close_range() flushes inherited descriptors on the mount.
+        _ensure_fusectl()
 
     def _unmount_when_idle(self) -> bool:
         """Unmounts once callers just thawed are out of the mount. Gives up (False) when the

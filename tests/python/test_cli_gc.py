@@ -30,7 +30,10 @@ def kvtier(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def tree(tmp_path) -> Path:
     """Two namespaces of 20 blocks each; in each, blocks 0-9 were last used an hour ago."""
-    root = tmp_path / "root"
+    return make_tree(tmp_path / "root")
+
+
+def make_tree(root: Path) -> Path:
     for model in MODELS:
         buf = np.random.default_rng(1).integers(0, 256, (1, ROW), dtype=np.uint8)
         spec = OffloadingSpec(model_name=model, dtype="float16")
@@ -120,6 +123,9 @@ def test_gc_never_touches_other_files(tree):
         ["gc", "{root}", "--interval", "0"],
         ["gc", "{root}/missing"],
         ["du", "{root}/missing"],
+        ["gc", "{root}", "--max-bytes", "1G"],  # not a kvtier root
+        ["du", "{root}"],
+        ["gc", "{root}/missing", "--init"],
         ["du", "{root}", "--bogus"],
     ],
 )
@@ -157,3 +163,95 @@ def test_gc_interval_runs_as_a_sidecar(tree, tmp_path):
         sidecar.terminate()
         out_text, _ = sidecar.communicate(timeout=60)
     assert out_text.startswith("kvtier gc: removed ")  # the first round's summary
+
+
+# -- operators' mistakes (issue 18, item 12) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["gc", "--max-bytes", "1G"], ["du"]])
+def test_a_directory_that_is_not_a_root_is_refused_and_left_alone(tmp_path, command):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("not kvtier's")
+    (plain / "org_model-notahash").mkdir()  # a directory, but no tier namespace
+    proc = kvtier(command[0], str(plain), *command[1:])
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "is not a kvtier root" in line and f"kvtier gc --init {plain}" in line
+    assert sorted(p.name for p in plain.iterdir()) == ["notes.txt", "org_model-notahash"]
+
+
+def test_gc_init_makes_a_directory_a_root_deliberately(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    proc = kvtier("gc", str(plain), "--init", "--max-bytes", "1G")
+    assert proc.returncode == 0, proc.stderr
+    assert (plain / ".kvtier").is_dir()
+    assert kvtier("du", str(plain)).returncode == 0
+    assert kvtier("gc", str(plain), "--max-bytes", "1G").returncode == 0
+
+
+def test_a_root_with_tier_namespaces_is_a_root_without_capacity_state(tree):
+    for path in (tree / ".kvtier").iterdir():
+        path.unlink()
+    (tree / ".kvtier").rmdir()
+    proc = kvtier("du", str(tree), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["blocks"] == 40
+
+
+@pytest.fixture
+def big_time_fs(tmp_path) -> Path:
+    """A tmpfs: it keeps any 64-bit mtime (ext4 clamps to 1901-2446)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "none", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_du_reports_mtimes_outside_years_1_to_9999(big_time_fs):
+    root = make_tree(big_time_fs / "root")
+    first, second = sorted(root.rglob("*.kvb"))[:2]
+    os.utime(first, (4 * 10**11, 4 * 10**11))  # the year 12,677
+    os.utime(second, (-(10**11), -(10**11)))  # before year 1
+    if first.stat().st_mtime != 4 * 10**11:
+        pytest.skip("this tmpfs clamps mtimes")
+    proc = kvtier("du", str(root), "--json")
+    assert proc.returncode == 0, proc.stderr
+    uses = {r["most_recent_use"] for r in json.loads(proc.stdout)["namespaces"]}
+    uses |= {r["least_recent_use"] for r in json.loads(proc.stdout)["namespaces"]}
+    assert {"@400000000000", f"@{-(10**11)}"} <= uses
+    table = kvtier("du", str(root))
+    assert table.returncode == 0 and "@400000000000" in table.stdout, table.stderr
+    assert kvtier("gc", str(root), "--max-bytes", "1").returncode == 0
+    assert not blocks(root)
+
+
+@pytest.mark.parametrize("command", [["du"], ["gc", "--max-bytes", "1G"]])
+def test_a_fifo_at_the_ledger_is_an_error_naming_it(tree, command):
+    ledger = tree / ".kvtier" / "usage.json"
+    ledger.unlink()
+    os.mkfifo(ledger)
+    # Opening a FIFO for reading blocks until a writer comes: gc/du must never open it.
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvtier", command[0], str(tree), *command[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert str(ledger) in line and "FIFO" in line
+
+
+def test_gc_help_says_90_percent():
+    proc = kvtier("gc", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    assert "above 90% of the budget" in text and "%%" not in text
+    assert "--init" in text

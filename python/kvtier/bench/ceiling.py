@@ -9,6 +9,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvtier import _core
 from kvtier.bench.errors import BenchError
 
 FIO_TIMEOUT_S = 900
@@ -26,8 +27,8 @@ def fio_job_size(total_bytes: int, block_size: int, numjobs: int) -> int:
 
 
 #: Bytes of header in front of every kvtier block file's payload: a kvtier load reads the
-#: block size plus this in one request.
-BLOCK_HEADER = 4096
+#: block size plus this in one request. The core's constant (docs/FORMAT.md), never a copy.
+BLOCK_HEADER: int = _core.HEADER_SIZE
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvtier.bench.errors import BenchError
+from kvtier.tiering.fs.capacity import sizes
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -26,19 +26,14 @@ NOISY_RATIO = 1.5
 #: A workload needs room for the latency hot set (4-block jobs) and a store flood.
 MIN_BLOCKS = 8
 
-_UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB, "T": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
-
 
 def parse_size(text: str) -> int:
-    """Parse ``262144``, ``256K``, ``256KiB``, ``2M``, ``1G`` (binary units) into bytes."""
-    match = _SIZE_RE.match(text)
-    if not match:
-        raise BenchError(
-            f"invalid size {text!r}: expected a number of bytes with an optional K, M, G or T "
-            "suffix (binary units), e.g. 262144, 256K, 2M, 1G"
-        )
-    value = int(match.group(1)) * _UNITS[match.group(2).upper()]
+    """Bytes of a positive size in kvtier's one size grammar (``256K``, ``2MiB``, ``1G``;
+    docs/tiers.md, "Sizes"); BenchError otherwise."""
+    try:
+        value = sizes.parse_size(text)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
     if value <= 0:
         raise BenchError(f"invalid size {text!r}: must be positive")
     return value

@@ -28,7 +28,7 @@ class GPUTransferOptions(StorageOptions):
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> GPUTransferOptions:
         p, get = cls._parser("GPUStorageTransfer", raw)
-        buffer_bytes = p.integer(
+        buffer_bytes = p.byte_count(
             "staging_buffer_bytes", get("staging_buffer_bytes"), *_LIMITS["staging_buffer_bytes"]
         )
         multiple = _LIMITS["staging_buffer_bytes_multiple"]
@@ -37,7 +37,7 @@ class GPUTransferOptions(StorageOptions):
         # At least one buffer (the engine's rule beside its range).
         lo = max(buffer_bytes, _LIMITS["staging_bytes_total"][0])
         hi = _LIMITS["staging_bytes_total"][1]
-        total = p.integer("staging_bytes_total", get("staging_bytes_total"), lo, hi)
+        total = p.byte_count("staging_bytes_total", get("staging_bytes_total"), lo, hi)
         return cls(
             **cls._parse_storage(p, raw, get),
             staging_bytes_total=total,

@@ -11,11 +11,14 @@ SGLang constructs the class as ``KvtierHiCacheStorage(storage_config, kwargs)`` 
 ``register_mem_pool_host(host_pool)``. Every key of the extra config other than SGLang's own
 (``backend_name``, ``module_path``, ``class_name``, ``interface_v1``) is an option of kvtier's
 ``fs`` tier (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
-``durability``, ``file_mode``, ``worker_nice``, ``load_nice``, ``io_engine`` and whatever
-FsTierOptions gains), validated with the fs tier's errors. ``interface_v1`` makes SGLang use the
-zero-copy calls (``batch_get_v1`` / ``batch_set_v1``); without it SGLang uses the generic ones
-(``batch_get`` / ``batch_set`` with one flat tensor per page). Both write the same files. See
-docs/sglang.md.
+``durability``, ``file_mode``, ``worker_nice``, ``load_nice``, ``io_engine``, the capacity
+options ``max_bytes``, ``min_free_fraction`` and ``eviction``, and whatever FsTierOptions
+gains), validated with the fs tier's errors. The capacity options hold this backend's pages
+within the root's budget exactly as the fs tier's blocks (one budget for every process and
+host on the root, LRU by last use), so SGLang, vLLM and ``kvtier gc`` can share a root.
+``interface_v1`` makes SGLang use the zero-copy calls (``batch_get_v1`` / ``batch_set_v1``);
+without it SGLang uses the generic ones (``batch_get`` / ``batch_set`` with one flat tensor per
+page). Both write the same files. See docs/sglang.md.
 
 One SGLang page is one kvtier block file (checksummed, in the fs tier's layout, so the fs
 tier's tooling works on it). The zero-copy path describes the host pool once as a
@@ -38,6 +41,7 @@ import select
 import shutil
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +50,7 @@ from kvtier import _core
 from kvtier._rate_limited_log import RateLimitedLog
 from kvtier.errors import InvalidArgumentError, ShutDownError, StorageError
 from kvtier.integrations._engine_version import EngineRequirement
+from kvtier.tiering.fs.capacity import CapacityController
 from kvtier.tiering.fs.engine import open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper, host_label
 from kvtier.tiering.fs.options import FsTierOptions, OptionParser
@@ -266,6 +271,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._engine: _core.Engine | None = None
         self._waiter: _JobWaiter | None = None
         self._pool_layout: _PoolLayout | None = None
+        self._capacity: CapacityController | None = None
         self._job_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
@@ -296,6 +302,17 @@ class KvtierHiCacheStorage(HiCacheStorage):
         # Crashed writers of this host leave tmp files; nobody else will ever rename them.
         sweep_dead_tmp_files([mapper.namespace_dir], [mapper.rank_dir], host_label())
         engine = open_engine(mapper, self.options, _OWNER, completion_eventfd=True)
+        # Pages hold budget on the root like the fs tier's blocks; a refused page is a failed
+        # set (SGLang keeps the page in host memory and may back it up later).
+        capacity = CapacityController(
+            self.options.root_dir,
+            self.options.capacity_policy(),
+            pool_layout.page_bytes,
+            self.options.file_mode,
+        )
+        # Stop the capacity thread and hand its lease back even without close().
+        weakref.finalize(self, capacity.close)
+        self._capacity = capacity
         self.file_mapper, self._pool_layout = mapper, pool_layout
         self._waiter = _JobWaiter(engine)
         self._engine = engine
@@ -314,7 +331,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
     def _ready(self) -> tuple[_core.Engine, FileMapper, _PoolLayout]:
         if self._closed:
             raise ShutDownError("KvtierHiCacheStorage is closed")
-        if self._engine is None or self.file_mapper is None or self._pool_layout is None:
+        if (
+            self._engine is None
+            or self.file_mapper is None
+            or self._pool_layout is None
+            or self._capacity is None
+        ):
             raise RuntimeError(
                 "KvtierHiCacheStorage: register_mem_pool_host() must be called before I/O"
             )
@@ -327,17 +349,38 @@ class KvtierHiCacheStorage(HiCacheStorage):
         raw = [k.encode() for k in keys]
         return [mapper.get_file_name(k) for k in raw], raw
 
-    def _run(self, is_load: bool, submit: Any) -> list[bool]:
-        """Submit one job through ``submit(engine, job_id)``, wait for it, per-block results."""
-        engine, _, _ = self._ready()
-        assert self._waiter is not None
+    def _run(self, is_load: bool, paths: Sequence[str], submit: Any) -> list[bool]:
+        """Submit one job for the blocks at ``paths`` through ``submit(engine, job_id)``, wait
+        for it, per-block results. A store first takes budget for its pages; a store refused
+        for budget fails every page (no I/O)."""
+        engine, _, pool_layout = self._ready()
+        assert self._waiter is not None and self._capacity is not None
+        capacity = self._capacity
         job_id = next(self._job_ids)
+        if not is_load and paths:
+            refusal = capacity.admit(len(paths))
+            if refusal is not None:
+                self._failure_log.error("Job %s block I/O failed: set: %s", job_id, refusal)
+                return [False] * len(paths)
         started = time.perf_counter()
-        submit(engine, job_id)
+        try:
+            submit(engine, job_id)
+        except BaseException:
+            if not is_load and paths:
+                capacity.finish_store(len(paths), 0)
+            raise
         c = self._waiter.wait(job_id)
         if not c.success:
             self._failure_log.error("Job %s block I/O failed: %s", job_id, c.error)
         ok = [e == 0 for e in c.block_errnos]
+        new_blocks = len(paths)  # a loaded page is used; a newly written file's mtime is its use
+        if not is_load and paths:
+            # c.bytes counts the payload of each file the store created (a page on disk
+            # already is skipped, and used by this set).
+            new_blocks = c.bytes // max(1, pool_layout.page_bytes)
+            capacity.finish_store(len(paths), new_blocks)
+        if is_load or new_blocks < len(paths):
+            capacity.record_use([p for p, good in zip(paths, ok) if good])
         if self._metrics_on and ok:
             seconds = max(time.perf_counter() - started, 1e-9)
             kind = "prefetch" if is_load else "backup"
@@ -379,7 +422,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
             )
 
         results = [False] * len(keys)
-        for i, ok in zip(picked, self._run(is_load, submit)):
+        for i, ok in zip(picked, self._run(is_load, [paths[i] for i in picked], submit)):
             results[i] = ok
         return results
 
@@ -399,7 +442,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 engine.submit_store(job_id, blocks)
 
         # tensors stay referenced by the caller until _run returns: the job is done by then.
-        return self._run(is_load, submit)
+        return self._run(is_load, paths, submit)
 
     # -- the zero-copy interface (extra config "interface_v1": 1) ---------------------------
 
@@ -537,9 +580,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
         return metrics
 
     def engine_stats(self) -> dict[str, int]:
-        """kvtier's engine counters (jobs, blocks, bytes, corrupt files removed, ...)."""
+        """kvtier's engine counters (jobs, blocks, bytes, corrupt files removed, ...) and the
+        root's capacity counters (``used_bytes``, ``capacity_bytes``, ``evicted_blocks``,
+        ``rejected_stores``, ...)."""
         engine, _, _ = self._ready()
-        return dict(engine.stats())
+        assert self._capacity is not None
+        return {**engine.stats(), **self._capacity.stats()}
 
     @property
     def direct_io(self) -> bool:
@@ -553,10 +599,13 @@ class KvtierHiCacheStorage(HiCacheStorage):
         return str(engine.io_engine)
 
     def close(self) -> None:
-        """Stop the engine: running block operations finish; idempotent."""
+        """Stop the engine (running block operations finish) and the capacity thread (its
+        budget lease is handed back); idempotent."""
         self._closed = True
         if self._engine is not None:
             self._engine.shutdown()
+        if self._capacity is not None:
+            self._capacity.close()
 
 
 __all__ = [

@@ -186,6 +186,18 @@ class OptionParser:
             raise self.error(name, span, value)
         return value
 
+    def byte_count(self, name: str, value: Any, lo: int, hi: int | None) -> int:
+        """A number of bytes in [lo, hi]: an int or a size string (``"2MiB"``, ``"64M"``)."""
+        span = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+        span += ' (bytes, or a size such as "2MiB")'
+        try:
+            nbytes = parse_size(value.strip() if isinstance(value, str) else value)
+        except ValueError:
+            raise self.error(name, f"{span}: {SIZE_SYNTAX}", value) from None
+        if nbytes < lo or (hi is not None and nbytes > hi):
+            raise self.error(name, span, value)
+        return nbytes
+
     def size(self, name: str, value: Any) -> int | None:
         """A byte count (``"500GiB"``, ``"2TB"``, ``750000000``), or None for no limit."""
         if value is None:

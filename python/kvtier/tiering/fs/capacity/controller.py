@@ -77,7 +77,7 @@ class CapacityController:
         self.file_bytes = block_file_bytes(payload_bytes)
         self.policy = dataclasses.replace(policy, file_bytes=self.file_bytes)
         self.ledger = UsageLedger(self.root, file_mode)
-        self.recency = RecencyLog()
+        self.recency = RecencyLog(self.root)
         self._file_mode = file_mode
         self._on_evicted = on_evicted
         self._lease_id = f"{host_label()}:{os.getpid()}:{next(_instances)}"

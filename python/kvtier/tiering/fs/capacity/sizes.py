@@ -11,23 +11,29 @@ from kvtier import _core
 BLOCK_HEADER_BYTES: int = _core.HEADER_SIZE
 _ALIGN: int = _core.ALIGNMENT
 
-# Decimal units (K, M, G, T, P, optionally followed by B) are powers of 1000, as disk vendors
-# and `df -H` count; binary units (KiB, MiB, ...) are powers of 1024. Case does not matter.
+# The one size grammar of every kvtier option and command (documented in docs/tiers.md,
+# "Sizes"): a bare unit letter and the IEC units are powers of 1024, as block sizes ("256K")
+# and `ls -h`, `dd` and fio count; a letter followed by B is SI, a power of 1000, as disk
+# vendors and `df -H` count. Case does not matter.
 _UNITS: dict[str, int] = {"": 1, "b": 1}
 for _i, _letter in enumerate("kmgtp", start=1):
-    _UNITS[_letter] = _UNITS[_letter + "b"] = 1000**_i
-    _UNITS[_letter + "i"] = _UNITS[_letter + "ib"] = 1024**_i
+    _UNITS[_letter] = _UNITS[_letter + "i"] = _UNITS[_letter + "ib"] = 1024**_i
+    _UNITS[_letter + "b"] = 1000**_i
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+#: The grammar in a few words, for command-line help.
+SIZE_UNITS_HELP = "K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000"
 SIZE_SYNTAX = (
-    'an integer number of bytes or a number with a unit: "500GiB", "2TB", "750M" '
-    "(K/M/G/T/P[B] are powers of 1000, KiB/MiB/GiB/TiB/PiB powers of 1024)"
+    'an integer number of bytes or a number with a unit: "256K", "1.5GiB", "2TB" '
+    "(K/M/G/T/P and KiB/MiB/GiB/TiB/PiB are powers of 1024, KB/MB/GB/TB/PB powers of 1000; "
+    "see docs/tiers.md, Sizes)"
 )
 
 
 def parse_size(value: Any) -> int:
-    """Bytes of ``value``: an int, or a string such as ``"500GiB"``, ``"2TB"``, ``"750M"``.
+    """Bytes of ``value``: an int, or a string such as ``"256K"``, ``"1.5GiB"``, ``"2TB"``.
 
-    Raises ValueError (saying what is accepted) for anything else, negative values included.
+    Raises ValueError (saying what is accepted) for anything else: negative values, and
+    fractions that are not a whole number of bytes.
     """
     if isinstance(value, bool):
         raise ValueError(f"invalid size {value!r}: expected {SIZE_SYNTAX}")
@@ -40,11 +46,14 @@ def parse_size(value: Any) -> int:
         if match is not None and match.group(2).lower() in _UNITS:
             number, unit = match.groups()
             scale = _UNITS[unit.lower()]
-            if "." in number:
-                whole, frac = number.split(".")
-                # Exact integer arithmetic: "1.5GiB" is 1610612736, not a float near it.
-                return (int(whole + frac) * scale) // 10 ** len(frac)
-            return int(number) * scale
+            if "." not in number:
+                return int(number) * scale
+            # Exact integer arithmetic: "1.5GiB" is 1610612736, not a float near it.
+            whole, frac = number.split(".")
+            nbytes, rest = divmod(int(whole + frac) * scale, 10 ** len(frac))
+            if rest == 0:
+                return nbytes
+            raise ValueError(f"invalid size {value!r}: not a whole number of bytes")
     raise ValueError(f"invalid size {value!r}: expected {SIZE_SYNTAX}")
 
 
@@ -63,4 +72,4 @@ def block_file_bytes(payload_bytes: int) -> int:
     return BLOCK_HEADER_BYTES + -(-payload_bytes // _ALIGN) * _ALIGN
 
 
-__all__ = ["SIZE_SYNTAX", "block_file_bytes", "format_size", "parse_size"]
+__all__ = ["SIZE_SYNTAX", "SIZE_UNITS_HELP", "block_file_bytes", "format_size", "parse_size"]
