@@ -29,7 +29,12 @@ class PyEngine final : public kvtier::Engine {
     for (const py::handle buffer : buffers) buffers_.append(buffer);
   }
 
+  /// Logs one warning through Python's logging the first time stats() shows a worker that
+  /// gave its io_uring up (io_uring_enter kept failing). Called with the GIL held.
+  void warn_if_ring_retired();
+
  private:
+  bool warned_ring_retired_ = false;
   // Null until keep_alive(): the engine is constructed with the GIL released, when no Python
   // object may be created.
   py::list buffers_ = py::reinterpret_steal<py::list>(py::handle());

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -152,8 +153,26 @@ py::dict stats_to_dict(const kvtier::EngineStats& s) {
                   "corrupt_files_removed"_a = s.corrupt_files_removed,
                   "o_direct_fallbacks"_a = s.o_direct_fallbacks, "queued_loads"_a = s.queued_loads,
                   "queued_stores"_a = s.queued_stores, "running_loads"_a = s.running_loads,
-                  "running_stores"_a = s.running_stores, "jobs_in_flight"_a = s.jobs_in_flight);
+                  "running_stores"_a = s.running_stores, "jobs_in_flight"_a = s.jobs_in_flight,
+                  "io_uring_rings_retired"_a = s.io_uring_rings_retired);
 }
+
+}  // namespace
+
+void PyEngine::warn_if_ring_retired() {
+  if (warned_ring_retired_) return;
+  const kvtier::EngineStats s = stats();
+  if (s.io_uring_rings_retired == 0) return;
+  warned_ring_retired_ = true;
+  py::module_::import("logging")
+      .attr("getLogger")("kvtier.tiering.fs.engine")
+      .attr("warning")(
+          "io_uring_enter kept failing (%s); the worker that met it goes on with pread/pwrite "
+          "(every job is still reported; stats()['io_uring_rings_retired'] counts such workers)",
+          std::strerror(s.io_uring_retired_errno));
+}
+
+namespace {
 
 // Engine(root_dir, *, ...): the keyword arguments are EngineConfig's settings in Python's
 // spelling (ENGINE_DEFAULTS); the construction (which probes the root) runs without the GIL.
@@ -219,8 +238,19 @@ void def_engine_methods(py::class_<PyEngine>& engine) {
            "block_ids"_a, "layout"_a, "cuda_stream"_a = 0,
            "Queue a job over blocks of a BlockLayout; cuda_stream orders the device copies of "
            "stores and loads after the work already queued on it.")
-      .def("pop_completions", &kvtier::Engine::pop_completions, "max"_a = 0,
-           py::call_guard<py::gil_scoped_release>(), "Finished jobs; never blocks.")
+      .def(
+          "pop_completions",
+          [](PyEngine& e, std::size_t max) {
+            std::vector<kvtier::Completion> done;
+            {
+              py::gil_scoped_release release;
+              done = e.pop_completions(max);
+            }
+            // A worker gives its ring up inside a batch, whose job is among some later pop's.
+            if (!done.empty()) e.warn_if_ring_retired();
+            return done;
+          },
+          "max"_a = 0, "Finished jobs; never blocks.")
       .def("drain", &kvtier::Engine::drain, py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &kvtier::Engine::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const PyEngine& e) { return stats_to_dict(e.stats()); })

@@ -1,9 +1,18 @@
-// Engine::submit under memory pressure: this program replaces the global operator new with
-// one that the test thread can arm to fail after N allocations, and sweeps N across a
-// submit call. After every failure nothing may be half-queued: drain() returns, the job id
-// can be submitted again, and that job and later ones work.
+// The engine under memory pressure: this program replaces the global operator new with one
+// that a thread can arm to fail after N allocations (or that fails every allocation of the
+// engine's workers), and sweeps N across a call.
+// - submit: after every failure nothing may be half-queued: drain() returns, the job id can
+//   be submitted again, and that job and later ones work.
+// - shutdown with queued work, and the pops after it: nothing on the cancellation path may
+//   allocate (it is noexcept: an allocation failure there was std::terminate), and every job
+//   is reported exactly once, cancelled blocks naming their path.
+// - workers that cannot allocate: every block fails with ENOMEM, every job is reported.
+#include <pthread.h>
+
 #include <atomic>
 #include <cstdio>
+#include <cstring>
+#include <map>
 #include <cstdlib>
 #include <new>
 #include <thread>
@@ -17,9 +26,21 @@ namespace {
 // engine's workers (and the sanitizer runtimes) are never refused memory.
 thread_local long t_allocations_left = -1;
 
+// While set, every allocation made by one of the engine's worker threads (named "kvtier-*"
+// by the engine) fails: memory pressure where the workers run, and only there.
+std::atomic<bool> g_starve_workers{false};
+
+bool on_worker_thread() {
+  char name[16] = {};
+  if (::pthread_getname_np(::pthread_self(), name, sizeof(name)) != 0) return false;
+  return std::strncmp(name, "kvtier-", 7) == 0;
+}
+
 void* allocate(std::size_t size) {
   if (t_allocations_left == 0) throw std::bad_alloc();
   if (t_allocations_left > 0) --t_allocations_left;
+  if (g_starve_workers.load(std::memory_order_relaxed) && on_worker_thread())
+    throw std::bad_alloc();
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
@@ -71,6 +92,7 @@ using kvtest::TempDir;
 using kvtier::Completion;
 using kvtier::Direction;
 using kvtier::Engine;
+using kvtier::EngineConfig;
 using kvtier::ODirectMode;
 
 // drain() with a hang guard: a half-queued job makes drain() wait forever, and a stuck
@@ -162,4 +184,153 @@ KV_TEST(store_submit_is_all_or_nothing_under_allocation_failure) {
 
 KV_TEST(load_submit_is_all_or_nothing_under_allocation_failure) {
   sweep(Direction::kLoad);
+}
+
+namespace {
+
+// Job 1 parks the only worker in a gated load; jobs 2 (loads) and 3 (stores) wait behind it.
+// shutdown() runs on a thread whose allocations fail after `n`; the cancellation must not
+// need any. Returns whether shutdown() itself threw (it may only before cancelling anything).
+bool shutdown_sweep_step(long n, long& left_over) {
+  TempDir dir;
+  const auto bytes = kvtest::pattern(8192, 9);
+  EngineConfig config = kvtest::engine_config(dir, ODirectMode::kOff, 1, 0);
+  {
+    Engine writer(config);
+    for (int i = 0; i < 2; ++i)
+      CHECK(kvtest::store(writer, i, dir / ("in" + std::to_string(i)), "k", bytes.data(),
+                          bytes.size())
+                .success);
+  }
+  Engine engine(config);
+  kvtest::Gate gate(dir / "gate");
+  std::vector<std::vector<unsigned char>> buffers(4, std::vector<unsigned char>(bytes.size()));
+  engine.submit(1, Direction::kLoad, {gate.op(buffers[0].data(), std::size_t{2} << 20)});
+  kvtest::wait_until([&] { return engine.stats().running_loads == 1; }, "the worker is parked");
+  // Long paths: a copy of one cannot hide in the small-string buffer.
+  const std::string deep = "a-directory-name-long-enough-to-need-the-heap/";
+  engine.submit(2, Direction::kLoad,
+                {block(dir / ("in0"), "k", buffers[1].data(), bytes.size()),
+                 block(dir / ("in1"), "k", buffers[2].data(), bytes.size())});
+  std::vector<kvtier::BlockOp> stores;
+  for (int i = 0; i < 3; ++i)
+    stores.push_back(block(dir / (deep + std::to_string(i)), "k",
+                           const_cast<unsigned char*>(bytes.data()), bytes.size()));
+  engine.submit(3, Direction::kStore, stores);
+
+  std::atomic<bool> threw{false};
+  std::thread stopper([&] {
+    t_allocations_left = n;
+    try {
+      engine.shutdown();
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    left_over = t_allocations_left;
+    t_allocations_left = -1;
+  });
+  try {
+    kvtest::wait_until([&] { return engine.is_shut_down() || threw; }, "shutdown has begun");
+  } catch (...) {
+    gate.release();
+    stopper.join();
+    throw;
+  }
+  gate.release();
+  stopper.join();
+  if (threw) engine.shutdown();  // again, with memory: it must finish the job
+
+  // Popping under the same pressure: a conversion that fails puts the jobs back.
+  std::vector<Completion> got;
+  for (long m = 0; got.size() < 3 && m < 10'000; ++m) {
+    std::vector<Completion> popped;
+    t_allocations_left = m;
+    try {
+      popped = engine.pop_completions();
+    } catch (const std::bad_alloc&) {
+    }
+    t_allocations_left = -1;
+    for (Completion& c : popped) got.push_back(std::move(c));
+  }
+  for (Completion& c : engine.pop_completions()) got.push_back(std::move(c));
+  CHECK_EQ(got.size(), std::size_t{3});
+  std::map<kvtier::JobId, Completion> by_id;
+  for (auto& c : got) CHECK_MSG(by_id.emplace(c.job_id, std::move(c)).second, "job reported twice");
+  for (kvtier::JobId id : {2, 3}) {
+    const Completion& c = by_id.at(id);
+    CHECK(!c.success);
+    CHECK_EQ(c.error.errno_value, ECANCELED);
+    CHECK_EQ(c.error.operation, std::string("cancel"));
+    CHECK_EQ(c.error.message, std::string("engine shut down before the block operation started"));
+    CHECK_EQ(c.error.path, id == 2 ? dir / "in0" : dir / (deep + "0"));
+    for (int e : c.block_errnos) CHECK_EQ(e, ECANCELED);
+  }
+  CHECK(!kvtest::file_exists(dir / (deep + "0")));
+  return threw;
+}
+
+}  // namespace
+
+KV_TEST(shutdown_with_queued_work_allocates_nothing_to_cancel) {
+  long swept = 0;
+  for (long n = 0;; ++n) {
+    long left_over = -1;
+    shutdown_sweep_step(n, left_over);
+    ++swept;
+    // Allocations left unused: shutdown got through with n of them, so every smaller budget
+    // has been tried, and none killed the process.
+    if (left_over > 0) break;
+    CHECK_MSG(n < 10'000, "shutdown keeps allocating");
+  }
+  CHECK(swept >= 1);
+}
+
+KV_TEST(workers_that_cannot_allocate_fail_blocks_with_enomem) {
+  TempDir dir;
+  // Both directions, a worker of each kind; long paths so that a copy of one allocates.
+  Engine engine(kvtest::engine_config(dir, ODirectMode::kOff, 1, 1));
+  const auto bytes = kvtest::pattern(12'000, 5);  // unaligned length: staged copies
+  std::vector<std::vector<unsigned char>> backs(8, std::vector<unsigned char>(bytes.size()));
+  const std::string deep = "a-directory-name-long-enough-to-need-the-heap/";
+  // Something to load, stored before the pressure starts.
+  std::vector<kvtier::BlockOp> warm;
+  for (int i = 0; i < 4; ++i)
+    warm.push_back(block(dir / (deep + std::to_string(i)), "k",
+                         const_cast<unsigned char*>(bytes.data()), bytes.size()));
+  engine.submit(1, Direction::kStore, warm);
+  for (const Completion& c : kvtest::drain_and_pop(engine, 1)) CHECK_MSG(c.success, describe(c));
+
+  g_starve_workers = true;
+  std::vector<kvtier::BlockOp> loads, stores;
+  for (int i = 0; i < 4; ++i) {
+    loads.push_back(block(dir / (deep + std::to_string(i)), "k", backs[i].data(), bytes.size()));
+    stores.push_back(block(dir / (deep + "new" + std::to_string(i)), "k",
+                           const_cast<unsigned char*>(bytes.data()), bytes.size()));
+  }
+  engine.submit(2, Direction::kLoad, loads);
+  engine.submit(3, Direction::kStore, stores);
+  std::vector<Completion> got;
+  try {
+    got = kvtest::drain_and_pop(engine, 2);
+  } catch (...) {
+    g_starve_workers = false;
+    throw;
+  }
+  g_starve_workers = false;
+  std::map<kvtier::JobId, Completion> by_id;
+  for (auto& c : got) CHECK_MSG(by_id.emplace(c.job_id, std::move(c)).second, "job reported twice");
+  CHECK_EQ(by_id.size(), std::size_t{2});
+  CHECK(!by_id.at(2).success && !by_id.at(3).success);  // the pressure did hit them
+  // Whatever failed, failed with ENOMEM and says where; nothing else may go wrong.
+  for (auto& [id, c] : by_id) {
+    for (int e : c.block_errnos) CHECK_MSG(e == 0 || e == ENOMEM, describe(c));
+    if (!c.success) {
+      CHECK_EQ(c.error.errno_value, ENOMEM);
+      CHECK(!c.error.path.empty());
+    }
+  }
+  // With memory again, the same engine works.
+  engine.submit(4, Direction::kLoad, loads);
+  for (const Completion& c : kvtest::drain_and_pop(engine, 1)) CHECK_MSG(c.success, describe(c));
+  for (int i = 0; i < 4; ++i) CHECK(backs[i] == bytes);
 }

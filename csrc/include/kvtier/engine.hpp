@@ -27,6 +27,10 @@ struct EngineStats {
   std::uint64_t queued_loads = 0, queued_stores = 0;    ///< block operations waiting
   std::uint64_t running_loads = 0, running_stores = 0;  ///< block operations running
   std::uint64_t jobs_in_flight = 0;                     ///< submitted, not yet completed
+  /// Workers that gave their io_uring up because io_uring_enter kept failing (they go on
+  /// with pread/pwrite), and the errno it answered the last time that happened (0: never).
+  std::uint64_t io_uring_rings_retired = 0;
+  int io_uring_retired_errno = 0;
 };
 
 /// A pool of worker threads that stores and loads KV blocks as files.

@@ -104,6 +104,12 @@ class StagingPool {
       free_.pop_back();
       return Lease(this, std::move(buffer));
     }
+    // Room for everything a buffer adds to the pool's lists, made while nothing has changed
+    // yet: giving a buffer back (the lease's destructor) and putting its index back then
+    // never allocate.
+    free_.reserve(allocated_ + 1);
+    spare_indices_.reserve(next_index_ + 1);
+    pinned_.reserve(allocated_ + 1);
     ++allocated_;
     std::size_t index = next_index_;
     if (spare_indices_.empty()) {
@@ -138,7 +144,8 @@ class StagingPool {
     }
   }
 
-  void release(Buffer buffer) {
+  // Never allocates: lend() reserved room for every buffer there is.
+  void release(Buffer buffer) noexcept {
     {
       std::lock_guard lock(mutex_);
       free_.push_back(std::move(buffer));

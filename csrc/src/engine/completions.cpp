@@ -16,7 +16,13 @@ Completion completion_of(const Job& job) {
   c.direction = job.direction;
   c.success = !job.failed;
   c.block_errnos = job.block_errnos;
-  c.error = job.error;
+  const Job::FirstFailure& f = job.error;
+  c.error.errno_value = f.errno_value;
+  c.error.operation = f.operation;
+  if (f.errno_value != 0) {
+    c.error.path = f.path.empty() && f.block < job.blocks.size() ? job.blocks[f.block].path : f.path;
+    c.error.message = f.message.empty() && f.note != nullptr ? std::string(f.note) : f.message;
+  }
   c.bytes = job.bytes;
   c.seconds = job.seconds;
   return c;

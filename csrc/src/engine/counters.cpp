@@ -5,6 +5,10 @@ namespace kvtier::detail {
 void Counters::record_block(bool load, const BlockResult& result) noexcept {
   if (result.o_direct_fallback) add(o_direct_fallbacks_);
   if (result.corrupt_removed) add(corrupt_files_removed_);
+  if (result.ring_retired_errno != 0) {
+    io_uring_retired_errno_.store(result.ring_retired_errno, std::memory_order_relaxed);
+    add(io_uring_rings_retired_);
+  }
   if (!result.ok()) {
     add(load ? failed_load_blocks_ : failed_store_blocks_);
     return;
@@ -34,6 +38,8 @@ void Counters::snapshot(EngineStats& out) const noexcept {
   out.dedup_skips = get(dedup_skips_);
   out.corrupt_files_removed = get(corrupt_files_removed_);
   out.o_direct_fallbacks = get(o_direct_fallbacks_);
+  out.io_uring_rings_retired = get(io_uring_rings_retired_);
+  out.io_uring_retired_errno = io_uring_retired_errno_.load(std::memory_order_relaxed);
 }
 
 }  // namespace kvtier::detail

@@ -33,7 +33,16 @@ struct Job {
   std::vector<int> block_errnos;
   std::size_t remaining = 0;  // blocks not yet finished
   bool failed = false;        // some block failed; `error` holds the first failure
-  JobError error;
+  // The first failure, as moved out of its BlockResult: recording it never allocates (the
+  // scheduler does it in noexcept code); the JobError is made when the job is popped.
+  struct FirstFailure {
+    int errno_value = 0;
+    const char* operation = "";
+    std::string path;           // empty: blocks[block].path
+    std::string message;        // empty: `note`, when set
+    const char* note = nullptr;
+    std::size_t block = 0;
+  } error;
   std::uint64_t bytes = 0;
   double seconds = 0.0;
 

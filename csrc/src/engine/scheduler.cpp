@@ -354,10 +354,13 @@ Job* Scheduler::finish_block(const Task& task, BlockResult result) noexcept {
     job->bytes += result.bytes;
   } else if (!job->failed) {
     job->failed = true;
+    // Moves and pointer copies only: nothing here allocates (see Job::FirstFailure).
     job->error.errno_value = result.error;
     job->error.operation = result.operation;
     job->error.path = std::move(result.path);
     job->error.message = std::move(result.message);
+    job->error.note = result.note;
+    job->error.block = task.index;
   }
   if (--job->remaining > 0) return nullptr;
   complete_job(job);
@@ -366,11 +369,11 @@ Job* Scheduler::finish_block(const Task& task, BlockResult result) noexcept {
 
 // A block that never started, at shutdown; its job is published at once (mutex held).
 void Scheduler::cancel(const Task& task) noexcept {
+  // No copy of the path or message: the report takes them from the job when it is popped.
   BlockResult r;
   r.error = ECANCELED;
   r.operation = "cancel";
-  r.path = task.op().path;
-  r.message = "engine shut down before the block operation started";
+  r.note = "engine shut down before the block operation started";
   if (Job* job = finish_block(task, std::move(r))) completions_.publish(job);
 }
 

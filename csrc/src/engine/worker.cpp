@@ -5,6 +5,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <new>
+#include <optional>
+
+#include "io/block_file.hpp"
 #include "io/worker_context.hpp"
 
 namespace kvtier::detail {
@@ -28,12 +33,28 @@ void place(const WorkerPlacement& placement) {
 
 }  // namespace
 
+// The worker's own buffers (WorkerContext) are allocated on its thread, where a bad_alloc
+// would end the process: a worker that cannot have them fails its batches with ENOMEM and
+// tries again at the next one, so every job is still reported. next_batch() throws only what
+// std::mutex and std::condition_variable throw for a broken mutex (a bug, never the storage).
 void run_worker(Scheduler& scheduler, const IoContext& io, const WorkerPlacement& placement) {
   place(placement);
-  WorkerContext worker(io);
+  std::optional<WorkerContext> worker;
   Batch batch;
   while (scheduler.next_batch(placement.role, batch)) {
-    run_blocks(io, worker, batch.is_load, batch.ops, batch.size, batch.ready(), batch.results);
+    if (!worker) {
+      try {
+        worker.emplace(io);
+      } catch (const std::bad_alloc&) {
+      }
+    }
+    if (worker) {
+      run_blocks(io, *worker, batch.is_load, batch.ops, batch.size, batch.ready(), batch.results);
+    } else {
+      for (std::size_t i = 0; i < batch.size; ++i)
+        batch.results[i] = unallocated_failure(ENOMEM, batch.is_load ? "load" : "store",
+                                               "out of memory for the worker's buffers");
+    }
     scheduler.finish_batch(batch);
   }
 }

@@ -109,6 +109,14 @@ BlockResult failure(int error, const char* operation, const std::string& path,
   return r;
 }
 
+BlockResult unallocated_failure(int error, const char* operation, const char* note) noexcept {
+  BlockResult r;
+  r.error = error;
+  r.operation = operation;
+  r.note = note;
+  return r;
+}
+
 // ---- opening ------------------------------------------------------------------------------
 
 bool locate(const IoContext& ctx, const std::string& path, bool create, Location& out,

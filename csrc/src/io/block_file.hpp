@@ -23,6 +23,10 @@ namespace kvtier::detail {
 BlockResult failure(int error, const char* operation, const std::string& path,
                     std::string message = {});
 
+/// The same without allocating, for paths that must not fail (catch handlers, shutdown):
+/// the report names the op's own path, and `note` (a string literal) is its detail.
+BlockResult unallocated_failure(int error, const char* operation, const char* note) noexcept;
+
 /// Payloads that cannot go to the file in place move through a staging buffer as segments:
 /// the op's own segments, or its contiguous buffer as one host segment when O_DIRECT meets
 /// unaligned memory. Returns nullptr when the payload goes in place.

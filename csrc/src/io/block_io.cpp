@@ -10,7 +10,12 @@ void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
                 const BlockOp* const* ops, std::size_t n, cuda::Event ready,
                 BlockResult* results) noexcept {
   if (Ring* ring = worker.ring()) {
-    run_ring_batch(ctx, worker, *ring, is_load, ops, n, ready, results);
+    if (int e = run_ring_batch(ctx, worker, *ring, is_load, ops, n, ready, results)) {
+      // io_uring_enter kept failing: this worker goes on with pread/pwrite. The batch's first
+      // result carries it to the engine's counters (and from there to the one warning).
+      worker.retire_ring();
+      if (n > 0) results[0].ring_retired_errno = e;
+    }
     return;
   }
   for (std::size_t i = 0; i < n; ++i)

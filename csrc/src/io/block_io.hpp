@@ -25,12 +25,18 @@ namespace kvtier::detail {
 struct BlockResult {
   int error = 0;               ///< 0 or an errno value
   const char* operation = "";  ///< the step that failed
-  std::string path;            ///< the file the failing step touched
+  std::string path;            ///< the file the failing step touched; empty: the op's path
   std::string message;         ///< detail beyond strerror (e.g. which header field)
+  /// Detail where `message` is empty: a string with static storage, so that a failure can be
+  /// described without allocating (out of memory, shutdown; see unallocated_failure).
+  const char* note = nullptr;
   std::uint64_t bytes = 0;     ///< payload bytes moved
   bool dedup = false;          ///< store skipped: the block file already existed
   bool corrupt_removed = false;
   bool o_direct_fallback = false;
+  /// Nonzero on one result of the batch in which the worker gave its io_uring up: the errno
+  /// io_uring_enter kept answering (the blocks themselves were all run; see run_ring_batch).
+  int ring_retired_errno = 0;
 
   bool ok() const noexcept { return error == 0; }
 };

@@ -51,6 +51,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -118,6 +119,7 @@ struct Block {
   StepError copy_error;       // ... or whose copy out failed
   std::size_t want = 0;       // bytes the read or write must move
   bool written_here = false;  // a store's write made by the worker (write_what_would_block)
+  bool unsubmitted = false;   // the ring was given up before the kernel took all its entries
   int res[kSteps] = {};
 };
 
@@ -397,20 +399,81 @@ void finish_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Ev
   b.out->o_direct_fallback = b.file.fell_back;
 }
 
+// How often io_uring_enter may fail in a row with a transient error (EINTR, EAGAIN, EBUSY)
+// before the ring is given up, and the pause before each retry: none for the first EINTRs (a
+// signal), then 1 ms doubling up to 64 ms, about half a second in all. Completions that
+// arrived are reaped before every retry (that is what makes room when the kernel is busy).
+constexpr unsigned kMaxEnterFailures = 12;
+
+void back_off(int error, unsigned failures) noexcept {
+  if (error == EINTR && failures <= 3) return;
+  const unsigned shift = std::min(failures, 7U) - 1;
+  timespec pause{0, static_cast<long>(1'000'000L << shift)};
+  while (::nanosleep(&pause, &pause) != 0 && errno == EINTR) {
+  }
+}
+
+// Waits, without io_uring_enter, until the kernel has completed every entry it consumed:
+// their completions land in the CQ ring on their own (completions that need this task's
+// task_work run on the return from nanosleep). Until then the entries point into this frame
+// and the blocks' buffers, so this does not give up: an operation stuck in the kernel holds
+// this worker exactly as a stuck pread(2) would.
+unsigned wait_for_consumed(Ring& ring, Block* blocks, unsigned reaped, unsigned consumed) noexcept {
+  timespec pause{0, 100'000};  // 0.1 ms, doubling up to 10 ms
+  while (reaped < consumed) {
+    const unsigned seen = ring.reap([&](__u64 user_data, int res) {
+      blocks[user_data / kSteps].res[user_data % kSteps] = res;
+    });
+    reaped += seen;
+    if (seen > 0 || reaped >= consumed) continue;
+    ::nanosleep(&pause, nullptr);
+    pause.tv_nsec = std::min(pause.tv_nsec * 2, 10'000'000L);
+  }
+  return reaped;
+}
+
 // Submits the queued chains and waits for every completion, filing results by user_data.
-void complete(Ring& ring, Block* blocks, unsigned queued) noexcept {
+// Returns 0, or the errno for which the ring must be given up (a transient error that kept
+// coming back, or any other): then every entry the kernel consumed has completed, the blocks
+// with an entry it never consumed are marked `unsubmitted`, and the ring must not be entered
+// again (its unconsumed entries then never run).
+int complete(Ring& ring, Block* blocks, unsigned queued) noexcept {
   unsigned reaped = 0;
+  unsigned failures = 0;
   while (reaped < queued) {
-    if (int e = ring.submit_and_wait(queued - reaped)) {
-      // Entries the kernel holds point into this frame: returning would be unsafe. Only
-      // impossible states get here (a bad ring descriptor or argument).
-      std::fprintf(stderr, "kvtier: io_uring_enter failed: %s\n", std::strerror(e));
-      std::abort();
-    }
+    const int e = ring.submit_and_wait(queued - reaped);
     reaped += ring.reap([&](__u64 user_data, int res) {
       blocks[user_data / kSteps].res[user_data % kSteps] = res;
     });
+    if (e == 0) {
+      failures = 0;
+      continue;
+    }
+    if (reaped >= queued) break;  // the error came after everything completed
+    if (is_transient_enter_error(e) && ++failures < kMaxEnterFailures) {
+      back_off(e, failures);
+      continue;
+    }
+    const unsigned unconsumed = ring.unconsumed();
+    ring.for_each_unconsumed([&](__u64 user_data) { blocks[user_data / kSteps].unsubmitted = true; });
+    wait_for_consumed(ring, blocks, reaped, queued - unconsumed);
+    return e;
   }
+  return 0;
+}
+
+// A block of a batch whose ring was given up before the kernel took all of its entries (the
+// entries it took have completed): what prepare made is undone, and the block runs again from
+// the start on the psync path (finish), as if the ring had never had it.
+void unqueue(Block& b, bool is_load) noexcept {
+  if (b.how != Disposition::kQueued || !b.unsubmitted) return;
+  if (is_load) {
+    b.file.fd.reset();
+  } else {
+    b.file.discard_tmp();
+  }
+  b.lease.reset();  // settle() would; before finish() so that psync can borrow it
+  b.how = Disposition::kPsync;
 }
 
 // Prepares block `i` of a batch: its chain is queued on the ring, or it is done (failed
@@ -426,7 +489,7 @@ void prepare(const IoContext& ctx, WorkerContext& worker, Ring& ring, bool is_lo
     // Nothing is queued before the last allocation of a prepare step; a tmp file it made
     // goes (a load's descriptors close with the Block).
     if (!is_load && b.file.fd) b.file.discard_tmp();
-    *b.out = failure(ENOMEM, is_load ? "load" : "store", b.op->path, "out of memory");
+    *b.out = unallocated_failure(ENOMEM, is_load ? "load" : "store", "out of memory");
     b.how = Disposition::kDone;
   }
 }
@@ -441,7 +504,8 @@ void settle(const IoContext& ctx, WorkerContext& worker, bool is_load, Block& b,
     try {
       unstage_load(ctx, worker, b, ready);
     } catch (const std::bad_alloc&) {
-      b.copy_error = StepError(ENOMEM, "load", "out of memory");
+      b.copy_error.error = ENOMEM;  // reported by finish_load (the message's copy may fail)
+      b.copy_error.operation = "load";
     }
   }
   b.lease.reset();
@@ -460,15 +524,15 @@ void finish(const IoContext& ctx, WorkerContext& worker, bool is_load, Block& b,
     is_load ? finish_load(ctx, worker, b, ready) : finish_store(ctx, worker, b, ready);
   } catch (const std::bad_alloc&) {
     if (!is_load) b.file.discard_tmp();
-    *b.out = failure(ENOMEM, is_load ? "load" : "store", b.op->path, "out of memory");
+    *b.out = unallocated_failure(ENOMEM, is_load ? "load" : "store", "out of memory");
   }
 }
 
 }  // namespace
 
-void run_ring_batch(const IoContext& ctx, WorkerContext& worker, Ring& ring, bool is_load,
-                    const BlockOp* const* ops, std::size_t n, cuda::Event ready,
-                    BlockResult* results) noexcept {
+int run_ring_batch(const IoContext& ctx, WorkerContext& worker, Ring& ring, bool is_load,
+                   const BlockOp* const* ops, std::size_t n, cuda::Event ready,
+                   BlockResult* results) noexcept {
   Block blocks[kMaxBatchBlocks];
   for (unsigned i = 0; i < n; ++i) {
     blocks[i].op = ops[i];
@@ -476,10 +540,15 @@ void run_ring_batch(const IoContext& ctx, WorkerContext& worker, Ring& ring, boo
     prepare(ctx, worker, ring, is_load, blocks[i], i, ready);
   }
   // Each entry completes exactly once (cancelled ones too): wait for all of them.
-  if (const unsigned sqes = ring.pending()) complete(ring, blocks, sqes);
+  int retired = 0;
+  if (const unsigned sqes = ring.pending()) retired = complete(ring, blocks, sqes);
+  if (retired != 0) {
+    for (unsigned i = 0; i < n; ++i) unqueue(blocks[i], is_load);
+  }
   // Staging buffers go back before any block takes the psync path, which waits for one.
   for (unsigned i = 0; i < n; ++i) settle(ctx, worker, is_load, blocks[i], ready);
   for (unsigned i = 0; i < n; ++i) finish(ctx, worker, is_load, blocks[i], ready);
+  return retired;
 }
 
 }  // namespace kvtier::detail

@@ -20,9 +20,12 @@ inline constexpr std::size_t kRingPagesPerBlock = kHeaderSize + kAlignment;
 
 /// run_blocks() on a worker that has a ring: the blocks' operations reach the kernel in one
 /// submission, each block a linked chain; blocks the ring cannot take, or whose outcome needs
-/// the psync engine's decision, run there. Never throws.
-void run_ring_batch(const IoContext& ctx, WorkerContext& worker, Ring& ring, bool is_load,
-                    const BlockOp* const* ops, std::size_t n, cuda::Event ready,
-                    BlockResult* results) noexcept;
+/// the psync engine's decision, run there. Returns 0, or the errno for which the ring had to
+/// be given up (io_uring_enter kept failing): every result is set all the same (the blocks
+/// the kernel never took ran on the psync path), and the caller must not use the ring again.
+/// Never throws.
+int run_ring_batch(const IoContext& ctx, WorkerContext& worker, Ring& ring, bool is_load,
+                   const BlockOp* const* ops, std::size_t n, cuda::Event ready,
+                   BlockResult* results) noexcept;
 
 }  // namespace kvtier::detail

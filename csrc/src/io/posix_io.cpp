@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <new>
 
 namespace kvtier::detail {
 namespace {
@@ -72,7 +73,11 @@ int preadv_full(int fd, std::vector<iovec> iov, off_t offset, std::size_t& bytes
 int make_directories(const std::string& dir, mode_t mode) noexcept {
   if (dir.empty()) return 0;
   std::string prefix;
-  prefix.reserve(dir.size());
+  try {
+    prefix.reserve(dir.size());  // every assign below fits: nothing else allocates
+  } catch (const std::bad_alloc&) {
+    return ENOMEM;
+  }
   std::size_t pos = 0;
   while (pos <= dir.size()) {
     std::size_t slash = dir.find('/', pos);

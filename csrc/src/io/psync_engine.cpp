@@ -281,15 +281,20 @@ BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const B
 }
 
 // Block operations run on worker threads, which must never unwind: anything unexpected
-// (allocation failure) becomes an ordinary failed block.
+// (allocation failure) becomes an ordinary failed block. The handlers allocate nothing they
+// cannot do without (a copy of what() is tried, and dropped if it fails).
 template <typename Fn>
 BlockResult guarded(const BlockOp& op, const char* operation, Fn&& fn) noexcept {
   try {
     return fn();
   } catch (const std::bad_alloc&) {
-    return failure(ENOMEM, operation, op.path, "out of memory");
+    return unallocated_failure(ENOMEM, operation, "out of memory");
   } catch (const std::exception& e) {
-    return failure(EIO, operation, op.path, e.what());
+    try {
+      return failure(EIO, operation, op.path, e.what());
+    } catch (...) {
+      return unallocated_failure(EIO, operation, "unexpected error (out of memory to say which)");
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <vector>
 
 namespace kvtier::detail {
@@ -135,9 +136,11 @@ int Ring::init(unsigned entries) noexcept {
 
   // The probe names what this kernel can do; kernels before 5.6 have no probe (EINVAL) and
   // none of the opcodes either, which leaves every entry unsupported.
-  const std::size_t probe_size = sizeof(io_uring_probe) + 256 * sizeof(io_uring_probe_op);
-  std::vector<unsigned char> probe_memory(probe_size, 0);
-  auto* probe = reinterpret_cast<io_uring_probe*>(probe_memory.data());
+  // The probe's buffer is on the stack (about 2 KiB): init() is noexcept and must not
+  // allocate.
+  alignas(io_uring_probe) unsigned char probe_memory[sizeof(io_uring_probe) +
+                                                     256 * sizeof(io_uring_probe_op)] = {};
+  auto* probe = reinterpret_cast<io_uring_probe*>(probe_memory);
   if (sys_register(fd_, IORING_REGISTER_PROBE, probe, 256) == 0) {
     for (unsigned i = 0; i < probe->ops_len && i < 256; ++i)
       if (probe->ops[i].flags & IO_URING_OP_SUPPORTED) supported_[probe->ops[i].op] = 1;
@@ -228,7 +231,11 @@ bool Ring::apply_filter(SubmitFilter filter, io_uring_sqe& sqe) noexcept {
   if (sqe.opcode == IORING_OP_CLOSE) {
     // A close that reports an error has released the descriptor all the same: the real
     // close runs (in its place in the chain) and only its result is rewritten.
-    rewrites_.push_back({sqe.user_data, result});
+    try {
+      rewrites_.push_back({sqe.user_data, result});
+    } catch (const std::bad_alloc&) {
+      // A test seam only: out of memory, the close keeps its real result.
+    }
     return breaks_link;
   }
   const bool cancel_next = result >= 0 && breaks_link && short_count(sqe, result);
@@ -237,24 +244,19 @@ bool Ring::apply_filter(SubmitFilter filter, io_uring_sqe& sqe) noexcept {
 }
 
 int Ring::submit_and_wait(unsigned wait) noexcept {
-  unsigned to_submit = publish_entries();
-  for (;;) {
-    const unsigned flags = wait > 0 ? IORING_ENTER_GETEVENTS : 0;
-    const int n = sys_enter(fd_, to_submit, wait, flags);
-    if (n >= 0) {
-      if (n == 0 && to_submit > 0) return EBUSY;  // refused without an error: give up
-      to_submit -= std::min(to_submit, static_cast<unsigned>(n));
-      if (to_submit == 0) return 0;
-      continue;  // the kernel took part of the batch; offer it the rest
-    }
-    // EINTR: a signal arrived while waiting; EAGAIN/EBUSY: no room for completions until some
-    // are reaped, which the caller does after waiting for them (so only retry the wait).
-    if (errno == EINTR) continue;
-    return errno;
-  }
+  // What the kernel has not consumed yet, counted from the ring itself: after an error or a
+  // partial submission the next call offers exactly the rest.
+  const unsigned to_submit = publish_entries();
+  const unsigned flags = wait > 0 ? IORING_ENTER_GETEVENTS : 0;
+  const int n = sys_enter(fd_, to_submit, wait, flags);
+  if (n < 0) return errno;
+  // The kernel took nothing and said nothing (no room for completions): transient.
+  if (n == 0 && to_submit > 0) return EBUSY;
+  return 0;
 }
 
-int probe_io_uring(std::string& reason) noexcept {
+// Not noexcept: the reason is a string (an allocation failure reaches the engine's constructor).
+int probe_io_uring(std::string& reason) {
   Ring ring;
   if (int e = ring.init(4)) {
     reason = std::string("io_uring_setup failed: ") + std::strerror(e) +

@@ -2,6 +2,7 @@
 
 #include <linux/io_uring.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,9 +36,26 @@ class Ring {
   /// Entries taken by get_sqe() and not yet submitted.
   unsigned pending() const noexcept { return sqe_tail_ - sqe_head_; }
 
-  /// Submits every entry taken since the last call and waits until `wait` completions are
-  /// available. Retries EINTR and makes room when the kernel is busy. Returns 0 or an errno.
+  /// Publishes every entry taken since the last call, then makes one io_uring_enter that
+  /// submits whatever the kernel has not consumed yet and waits until `wait` completions are
+  /// available. Returns 0, or an errno: EINTR, EAGAIN and EBUSY are transient (reap what
+  /// completed and call again; see is_transient_enter_error), anything else means the ring is
+  /// unusable. "The kernel consumed nothing, without an error" is reported as EBUSY.
   int submit_and_wait(unsigned wait) noexcept;
+
+  /// Entries published but not consumed by the kernel; a ring that is never entered again
+  /// never runs them (no SQPOLL), so they can be abandoned with it.
+  unsigned unconsumed() const noexcept {
+    return *sq_tail_ - __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE);
+  }
+
+  /// Calls `fn(user_data)` for each entry published but not consumed by the kernel.
+  template <typename Fn>
+  void for_each_unconsumed(Fn&& fn) const noexcept {
+    const unsigned tail = *sq_tail_;
+    for (unsigned i = __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE); i != tail; ++i)
+      fn(sqes_[sq_array_[i & sq_mask_]].user_data);
+  }
 
   /// Calls `fn(user_data, res)` for each available completion and returns how many.
   template <typename Fn>
@@ -109,13 +127,20 @@ class Ring {
   std::vector<bool> slot_registered_;
 };
 
+/// Whether an errno from io_uring_enter may go away on its own: a signal (EINTR), or the
+/// kernel short of memory or of room for completions for a moment (EAGAIN, EBUSY).
+inline bool is_transient_enter_error(int error) noexcept {
+  return error == EINTR || error == EAGAIN || error == EBUSY;
+}
+
 /// The opcodes the block operations need (read, write, fsync, close).
 extern const unsigned kRequiredOpcodes[];
 extern const unsigned kRequiredOpcodeCount;
 
 /// Whether this process may use io_uring for block files: sets up a small ring and probes the
 /// required opcodes. Returns 0, or an errno with `reason` saying what refused it.
-int probe_io_uring(std::string& reason) noexcept;
+/// Throws std::bad_alloc only (making `reason`).
+int probe_io_uring(std::string& reason);
 
 /// Test-only seam at the system-call boundary. When set, every submission entry passes
 /// through `filter` just before the kernel sees it; a filter that returns true (and sets

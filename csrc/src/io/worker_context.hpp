@@ -25,6 +25,10 @@ class WorkerContext {
   /// kernel refused this worker a ring (it then works with psync, like the engine's fallback).
   Ring* ring() noexcept;
 
+  /// Gives the ring up for good (io_uring_enter kept failing): every entry the kernel took has
+  /// completed, the rest are dropped with it, and this worker goes on with psync.
+  void retire_ring() noexcept { ring_.reset(); }
+
   /// The worker's CUDA stream (created on first use).
   WorkerStream stream;
   AlignedBuffer header{kHeaderSize};

@@ -149,7 +149,10 @@ class GPUStorageTransfer(EngineIoReport):
                 )
             self._keys[job_id] = keys
         if store and keys:
-            refusal = self._capacity.admit(len(keys))
+            try:
+                refusal = self._capacity.admit(len(keys))
+            except OSError as e:  # the ledger's disk fails: a failed job, never a raise
+                refusal = f"capacity ledger: {e.strerror or e} (errno {e.errno})"
             if refusal is not None:
                 error = f"store: {refusal}"
                 self._failure_log.error("Job %s block I/O failed: %s", job_id, error)
@@ -240,5 +243,12 @@ class GPUStorageTransfer(EngineIoReport):
 
 def _close(capacity: CapacityController, owner_pid: int) -> None:
     # In a forked child (at its exit) the capacity thread and the budget lease are the parent's.
-    if not inherited(owner_pid):
+    if inherited(owner_pid):
+        return
+    try:
         capacity.close()
+    except OSError as e:  # shutdown never raises for the storage's sake (str(e): see fs)
+        logger.warning(
+            "closing the capacity budget failed: %s (the transfer is shut down all the same)",
+            str(e),
+        )

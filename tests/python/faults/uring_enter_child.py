@@ -11,15 +11,19 @@ blocks, loads them back and shuts down; with arm_before "load" the fault starts 
 store, so it hits the loads only. Each step prints one JSON line as soon as it happens
 ({"event": name, ...}), so a parent sees how far the child got even if it dies or hangs. A
 job not reported within job_timeout prints "unreported" and ends the child with exit status
-3 (its workers may be stuck, so shutdown is not tried).
+3 (its workers may be stuck, so shutdown is not tried). The last line ("done") says how
+often get_finished() reported each job id, the engine's io_uring_rings_retired and how many
+"io_uring_enter kept failing" warnings were logged.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -44,13 +48,21 @@ def key(i: int) -> bytes:
     return make_offload_key(i.to_bytes(32, "big"), 0)
 
 
+REPORTS: Counter[int] = Counter()  # how often get_finished() reported each job
+
+
 def wait(tier, job_id: int, timeout: float):
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    found = None
+    while found is None and time.monotonic() < deadline:
         for result in tier.get_finished():
+            REPORTS[result.job_id] += 1
             if result.job_id == job_id:
-                return result
-        time.sleep(0.002)
+                found = result
+        if found is None:
+            time.sleep(0.002)
+    if found is not None:
+        return found
     emit("unreported", job_id=job_id, timeout=timeout, calls=FAULT.calls if FAULT else 0)
     os._exit(UNREPORTED_EXIT)
 
@@ -65,7 +77,16 @@ def report(event: str, result, **more: object) -> None:
     )
 
 
+WARNINGS: list[str] = []
+
+
+class _Collect(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        WARNINGS.append(record.getMessage())
+
+
 def main() -> int:
+    logging.getLogger("kvtier").addHandler(_Collect(logging.WARNING))
     spec = json.loads(sys.argv[1])
     n = spec["blocks"]
     rows = np.random.default_rng(5).integers(0, 256, (2 * n + 2, spec["row_bytes"]), np.uint8)
@@ -108,12 +129,22 @@ def main() -> int:
     tier.submit_load(JobMetadata(4, keys, np.arange(n, 2 * n, dtype=np.int64), False, CTX))
     result = wait(tier, 4, spec["job_timeout"])
     report("load", result, data_ok=bool(np.array_equal(rows[:n], rows[n : 2 * n])))
+    rings_retired = tier.stats()["io_uring_rings_retired"]
     try:
         tier.shutdown()
         emit("shutdown", error=None)
     except Exception as e:  # the harness reports it; the test decides
         emit("shutdown", error=f"{type(e).__name__}: {e}")
-    emit("done", calls=fault.calls, injected=fault.injected)
+    for late in tier.get_finished():  # anything reported twice, or never asked for
+        REPORTS[late.job_id] += 1
+    emit(
+        "done",
+        calls=fault.calls,
+        injected=fault.injected,
+        reports={str(k): v for k, v in sorted(REPORTS.items())},
+        rings_retired=rings_retired,
+        ring_warnings=sum("io_uring_enter kept failing" in m for m in WARNINGS),
+    )
     return 0
 
 

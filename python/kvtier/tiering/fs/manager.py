@@ -203,7 +203,12 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             if not is_load:
                 self._queued_stores += 1
         if not is_load and keys:
-            refusal = self._capacity.admit(len(keys))
+            try:
+                refusal = self._capacity.admit(len(keys))
+            except OSError as e:
+                # The budget's ledger lives on the storage: a failing disk (EIO) fails this
+                # store as a job, reported once like any other, never as a raise here.
+                refusal = f"capacity ledger: {e.strerror or e} (errno {e.errno})"
             if refusal is not None:
                 # Like a full store queue: the store fails at once (a later miss), loads go on.
                 with self._lock:
@@ -341,8 +346,17 @@ def _close(lookups: LookupCache, capacity: CapacityController, owner_pid: int) -
     # In a forked child (at its exit) the threads and the budget lease are the parent's.
     if inherited(owner_pid):
         return
-    lookups.close()
-    capacity.close()
+    # shutdown() never raises for the storage's sake: a volume that fails every call (EIO) or
+    # is gone still lets the tier stop; what could not be written back is said once.
+    for part, close in (("lookup cache", lookups.close), ("capacity budget", capacity.close)):
+        try:
+            close()
+        except OSError as e:
+            # str(e): a record holding the exception would keep its frames (and their open
+            # files) alive for as long as a handler keeps the record.
+            logger.warning(
+                "closing the %s failed: %s (the tier is shut down all the same)", part, str(e)
+            )
 
 
 def _forget_evicted(

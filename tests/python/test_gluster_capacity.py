@@ -1,0 +1,342 @@
+"""The byte budget on a real distributed file system: processes on two "hosts" (two FUSE
+mounts of one GlusterFS volume, each process in its own UTS and PID namespaces) share one root
+with ``max_bytes`` and ``eviction: "lru"``, with real data checked byte for byte.
+
+The margin is the one docs/tiers.md states ("The margin"): block bytes at or under
+``max_bytes``; a sample taken while stores run may also see each process's stores in flight
+(``n_write_threads`` block files each, a file seen under its tmp and its final name)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gluster import (
+    Volume,
+    block_bytes_on_disk,
+    finish,
+    inner_pid,
+    lock_held,
+    start_worker,
+    volume_fixture,
+)
+from kvtier.tiering.fs.capacity import block_file_bytes
+
+A, B = "hostA", "hostB"
+ROW = 256 << 10
+FILE = block_file_bytes(ROW)
+BUDGET = 8 << 20
+WRITE_THREADS = 2
+OPTIONS = {
+    "max_bytes": BUDGET,
+    "min_free_fraction": 0,
+    "eviction": "lru",
+    "n_read_threads": 1,
+    "n_write_threads": WRITE_THREADS,
+}
+
+
+def margin(procs: int) -> int:
+    return BUDGET + procs * WRITE_THREADS * FILE
+
+
+@pytest.fixture(scope="session")
+def gluster() -> Iterator[Volume]:
+    yield from volume_fixture()
+
+
+@dataclass
+class Sampler:
+    """Block bytes on disk and whether the evictor lock is held, sampled from outside."""
+
+    root: Path
+    samples: list[int] = field(default_factory=list)
+    lock_seen: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Sampler:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        fd = -1
+        while not self._stop.is_set():
+            self.samples.append(block_bytes_on_disk(self.root))
+            lock = self.root / ".kvtier" / "evictor.lock"
+            if fd < 0 and lock.exists():
+                fd = os.open(lock, os.O_RDWR)  # our own description: never held by us
+            if fd >= 0:
+                self.lock_seen += lock_held(fd)
+            time.sleep(0.01)
+        if fd >= 0:
+            os.close(fd)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+
+
+def per_process(procs: int, budgets: int = 3) -> int:
+    return budgets * BUDGET // FILE // procs + 1
+
+
+def check_reports(reports: list[dict[str, Any]]) -> None:
+    for r in reports:
+        assert r["errors"] == [], r["errors"][:3]
+        assert r["load_errors"] == [], r["load_errors"][:3]  # also: no "deleted twice" error
+        assert r["wrong"] == 0, "a load returned wrong bytes"
+        assert r["unlocked_removals"] == 0, "a block was removed without the evictor lock"
+        assert r["foreign_tmp_removals"] == 0, "another host's tmp file was removed"
+
+
+# --------------------------------------------------------------------------------------------
+# several processes per host storing three budgets
+
+
+@pytest.fixture(scope="module")
+def three_budgets(gluster: Volume) -> dict[str, Any]:
+    """Two processes per host store 3x the budget into one root (run once, checked by the
+    tests below). Planted tmp files of writers that look alive to one host: hostC (no such
+    host here) and hostA pid 1 (alive in every host's PID namespace)."""
+    root = gluster.fresh_dir("cap-3x")
+    seed = finish(
+        start_worker(A, root=str(root[A]), row_bytes=ROW, first=0, count=1, options=OPTIONS)
+    )
+    assert seed["stored"] == 1, seed
+    leaf = next(Path(root[A]).rglob("*.kvb")).parent
+    planted = [leaf / f"{'ab' * 18}.kvb.hostC.7.1.tmp", leaf / f"{'cd' * 18}.kvb.hostA.1.1.tmp"]
+    for p in planted:
+        p.write_bytes(b"x" * 8192)
+    procs = [(h, n) for h in (A, B) for n in range(2)]
+    with Sampler(root[B]) as sampler:
+        workers = [
+            start_worker(
+                h,
+                root=str(root[h]),
+                row_bytes=ROW,
+                first=1000 * (1 + 2 * k + n),
+                count=per_process(len(procs)),
+                options=OPTIONS,
+            )
+            for k, h in enumerate((A, B))
+            for n in range(2)
+        ]
+        reports = [finish(w) for w in workers]
+    return {
+        "reports": reports,
+        "samples": sampler.samples,
+        "lock_seen": sampler.lock_seen,
+        "planted": [(p, p.exists() and p.read_bytes() == b"x" * 8192) for p in planted],
+        "procs": len(procs),
+        "final": block_bytes_on_disk(root[A]),
+    }
+
+
+def test_usage_stays_within_the_margin_on_two_hosts(three_budgets: dict[str, Any]) -> None:
+    samples, procs = three_budgets["samples"], three_budgets["procs"]
+    assert len(samples) > 10
+    assert max(samples) <= margin(procs), (max(samples), BUDGET)
+
+
+@pytest.mark.xfail(
+    strict=False,  # seen in about half the runs: 9,867,264 and 8,536,064 B of 8,388,608
+    reason="issue 18 items 1/4 on a shared mount: ledger updates made under fcntl locks from "
+    "two FUSE clients are lost (read-modify-write through client caches), the ledger "
+    "under-counts and the root ends above max_bytes at rest",
+)
+def test_root_at_rest_is_within_the_budget(three_budgets: dict[str, Any]) -> None:
+    # No store in flight any more: the stated margin is max_bytes itself (+ planted tmp files).
+    assert three_budgets["final"] <= BUDGET + 2 * 8192, (three_budgets["final"], BUDGET)
+
+
+def test_loads_are_byte_exact_and_nothing_is_removed_out_of_turn(
+    three_budgets: dict[str, Any],
+) -> None:
+    reports = three_budgets["reports"]
+    check_reports(reports)
+    assert sum(r["loaded"] for r in reports) > 0
+    assert sum(r["removals"] for r in reports) > 0  # the audit hook saw the evictions
+    assert three_budgets["lock_seen"] > 0  # and the sampler saw the evictor lock taken
+    assert all(ok for _, ok in three_budgets["planted"]), three_budgets["planted"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 18 item 9 (and the lost ledger updates of NOTES.md): under eviction 'lru' "
+    "stores are refused with ENOSPC instead of waiting for room",
+)
+def test_lru_makes_room_for_every_store_on_two_hosts(three_budgets: dict[str, Any]) -> None:
+    reports = three_budgets["reports"]
+    refused = sum(r["refused"] for r in reports)
+    attempted = sum(r["stored"] + r["refused"] for r in reports)
+    assert refused == 0, f"{refused} of {attempted} stores refused for budget"
+
+
+# --------------------------------------------------------------------------------------------
+# faults
+
+
+def _ready(proc: Any) -> dict[str, Any]:
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read()[-3000:]
+    return dict(json.loads(line))
+
+
+def test_killed_and_frozen_process_on_one_host_while_the_other_stores(gluster: Volume) -> None:
+    """On host A one process is SIGKILLed and one SIGSTOPped while storing; host B stores and
+    loads 3x the budget meanwhile, within the margin, byte-exact; the frozen one, thawed,
+    finishes cleanly."""
+    root = gluster.fresh_dir("cap-faults")
+    long = {"row_bytes": ROW, "count": 100_000, "options": OPTIONS, "pause": 0.01}
+    killed = start_worker(A, root=str(root[A]), first=10_000, **long)
+    # One after the other: two processes of one host name, both pid 1, starting at once on a
+    # new root collide on config.json's tmp name (test_gluster_sharing.py shows that defect).
+    _ready(killed)
+    # 40 stores 0.1 s apart: still storing when frozen, and it finishes once thawed
+    frozen = start_worker(
+        A, root=str(root[A]), first=20_000, count=40, row_bytes=ROW, options=OPTIONS, pause=0.1
+    )
+    stopped = False
+    try:
+        _ready(frozen)
+        frozen_pid = inner_pid(frozen)
+        time.sleep(2.0)  # both storing, taking the ledger and evictor locks
+        os.kill(inner_pid(killed), signal.SIGKILL)
+        os.kill(frozen_pid, signal.SIGSTOP)
+        stopped = True
+        killed.wait(timeout=30)
+        with Sampler(root[B]) as sampler:
+            report = finish(
+                start_worker(
+                    B,
+                    root=str(root[B]),
+                    row_bytes=ROW,
+                    first=30_000,
+                    count=per_process(1),
+                    options=OPTIONS,
+                ),
+            )
+        os.kill(frozen_pid, signal.SIGCONT)
+        stopped = False
+        thawed = finish(frozen)
+    finally:
+        if stopped:
+            os.kill(frozen_pid, signal.SIGCONT)
+        for p in (killed, frozen):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    check_reports([report, thawed])
+    assert report["stored"] > 0 and report["loaded"] > 0
+    # the killed writer's stores in flight may be left as tmp files: within its share
+    assert max(sampler.samples) <= margin(3), (max(sampler.samples), BUDGET)
+
+
+def test_replaced_ledger_under_running_tiers(gluster: Volume) -> None:
+    """usage.json is replaced (a copy renamed over it) while tiers on A store; tiers started
+    on B afterwards share the budget with them: usage stays within the margin."""
+    root = gluster.fresh_dir("cap-replaced")
+    spec = {"row_bytes": ROW, "count": per_process(4), "options": OPTIONS, "pause": 0.02}
+    with Sampler(root[B]) as sampler:
+        on_a = []
+        for n in range(2):  # one after the other (see the kill/stop test)
+            on_a.append(start_worker(A, root=str(root[A]), first=1000 * (1 + n), **spec))
+            _ready(on_a[-1])
+        time.sleep(1.0)
+        ledger = root[A] / ".kvtier" / "usage.json"
+        copy = ledger.with_name("usage.json.replacement")
+        copy.write_bytes(ledger.read_bytes())
+        os.rename(copy, ledger)
+        on_b = [start_worker(B, root=str(root[B]), first=1000 * (3 + n), **spec) for n in range(2)]
+        reports = [finish(w) for w in on_a + on_b]
+    check_reports(reports)
+    assert max(sampler.samples) <= margin(4), (max(sampler.samples), BUDGET)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 18 item 3: a lease whose heartbeat lies 1 h ahead (a host with a fast clock "
+    "that died) is never stale; the tiers keep evicting and refusing stores",
+)
+def test_lease_of_a_host_with_a_skewed_clock_does_not_take_the_budget(gluster: Volume) -> None:
+    """A dead host whose clock ran 1 h fast left a lease of the whole budget. Tiers on A and
+    B storing 3x the budget must still fill the root to at least half of it (the lowest high
+    watermark docs/tiers.md states) at some point: the lease may not hold the budget."""
+    root = gluster.fresh_dir("cap-skew")
+    state = root[A] / ".kvtier"
+    state.mkdir()
+    now = time.time()
+    ledger = {
+        "files": 0,
+        "added": 0,
+        "complete": True,
+        "scanned_at": now,
+        "leases": {"hostC:4242:0": [BUDGET, now + 3600]},  # dead, its clock 1 h ahead
+    }
+    (state / "usage.json").write_text(json.dumps(ledger, sort_keys=True))
+    spec = {"row_bytes": ROW, "count": per_process(2), "options": OPTIONS}
+    with Sampler(root[B]) as sampler:
+        workers = [
+            start_worker(h, root=str(root[h]), first=1000 * (1 + k), **spec)
+            for k, h in enumerate((A, B))
+        ]
+        reports = [finish(w) for w in workers]
+    check_reports(reports)
+    assert max(sampler.samples) <= margin(2)
+    assert max(sampler.samples) >= BUDGET // 2, (max(sampler.samples), BUDGET)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 18 item 5: submit_store takes the ledger's lock blocking, on the caller's "
+    "thread; a process frozen while it holds the lock stalls every other host's stores",
+)
+def test_process_frozen_holding_the_ledger_lock_stalls_no_other_host(gluster: Volume) -> None:
+    """Host A's process is SIGSTOPped at a moment it holds usage.json's lock (seen with
+    F_OFD_GETLK from B's mount, before and after the stop); host B's process must still
+    store and load within 20 s (unfrozen, its 10 stores take about 2 s)."""
+    root = gluster.fresh_dir("cap-frozen-lock")
+    holder = start_worker(
+        A, root=str(root[A]), first=10_000, count=100_000, row_bytes=ROW, options=OPTIONS
+    )
+    stopped = False
+    try:
+        _ready(holder)
+        pid = inner_pid(holder)
+        fd = os.open(root[B] / ".kvtier" / "usage.json", os.O_RDWR)
+        try:
+            deadline = time.monotonic() + 30
+            while not stopped:
+                assert time.monotonic() < deadline, "never saw A's process hold the lock"
+                if lock_held(fd):
+                    os.kill(pid, signal.SIGSTOP)
+                    time.sleep(0.05)
+                    stopped = lock_held(fd)  # still held: frozen while holding it
+                    if not stopped:
+                        os.kill(pid, signal.SIGCONT)
+        finally:
+            os.close(fd)
+        report = finish(
+            start_worker(
+                B, root=str(root[B]), row_bytes=ROW, first=30_000, count=10, options=OPTIONS
+            ),
+            timeout=20,
+        )
+    finally:
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
+        holder.kill()
+        holder.wait()
+    check_reports([report])
+    assert report["stored"] > 0
