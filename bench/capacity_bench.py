@@ -5,6 +5,7 @@
     python bench/capacity_bench.py recency [--root DIR] [--samples 2000] [--repeat 3]
     python bench/capacity_bench.py evict   [--root DIR] [--total 1G]
     python bench/capacity_bench.py million [--root DIR] [--files 1000000] [--budget-fraction 0.5]
+    python bench/capacity_bench.py submit  [--root DIR] [--budget 64M] [--jobs 4000] [--repeat 3]
 
 steady:  store throughput with a full cache (every store makes room) against the same run
          without a budget, at 256 KiB and 2 MiB blocks, alternating run by run; CPU per GiB
@@ -13,6 +14,9 @@ steady and recency are kvtier.bench.capacity, which `kvtier bench --max-bytes` r
 evict:   process CPU and wall seconds per GiB to survey and evict real block files.
 recency: p50 latency of one-block loads with the tier's recency bookkeeping against the
          same tier with it switched off (record_use replaced by a no-op), alternating.
+submit:  p50/p99 of submit_store() calls (the caller's thread only) with a full budget
+         against the same tier without one, alternating run by run; one block per job,
+         at most --inflight jobs in flight.
 million: makes N small block files (sparse, 8 KiB each) with make_block_tree, then times a
          tier's constructor on that root without a ledger, the background scan until the
          ledger is complete, eviction down to the budget, and `kvtier du`.
@@ -165,10 +169,57 @@ def million(args: argparse.Namespace) -> dict:
     return result
 
 
+def _submit_latencies(root: Path, row: int, jobs: int, inflight: int, budget: int | None) -> list:
+    from kvtier.tiering.base import JobMetadata, make_offload_key
+
+    rows = 8
+    buf = np.random.default_rng(0).integers(0, 256, (rows, row), dtype=np.uint8)
+    options = {"min_free_fraction": 0, "max_queued_store_jobs": 4 * inflight}
+    if budget is not None:
+        options["max_bytes"] = budget
+    tier = FileSystemTierManager(SPEC, memoryview(buf), "fs", root_dir=str(root), **options)
+    seconds, pending = [], 0
+    try:
+        for j in range(jobs):
+            while pending >= inflight:
+                pending -= len(tier.get_finished())
+                time.sleep(0.0001)
+            keys = [make_offload_key(j.to_bytes(32, "big"), 0)]
+            job = JobMetadata(j, keys, np.array([j % rows]), False, None)
+            started = time.perf_counter()
+            tier.submit_store(job)
+            seconds.append(time.perf_counter() - started)
+            pending += 1
+        tier.drain_jobs()
+    finally:
+        tier.shutdown()
+    return seconds
+
+
+def submit_latency(args: argparse.Namespace) -> dict:
+    row = 256 << 10
+    runs: dict[str, list[float]] = {"budget": [], "none": []}
+    for _ in range(args.repeat):
+        for kind in ("budget", "none"):
+            with scratch(args.root) as root:
+                budget = args.budget if kind == "budget" else None
+                if budget is not None:  # a full cache: every store makes room
+                    _submit_latencies(root, row, budget // block_file_bytes(row), 8, budget)
+                runs[kind] += _submit_latencies(root, row, args.jobs, args.inflight, budget)
+    result = {}
+    for kind, seconds in runs.items():
+        q = np.quantile(np.array(seconds), [0.5, 0.99])
+        result[kind] = {"p50_us": round(q[0] * 1e6, 1), "p99_us": round(q[1] * 1e6, 1)}
+    result["p99_ratio"] = round(result["budget"]["p99_us"] / result["none"]["p99_us"], 2)
+    result["budget_bytes"] = args.budget
+    print(json.dumps(result))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
-    for name in ("steady", "recency", "evict", "million"):
+    for name in ("steady", "recency", "evict", "million", "submit"):
         p = sub.add_parser(name)
         p.add_argument("--root", type=Path, default=Path("."))
         p.add_argument("--json", type=Path)
@@ -182,11 +233,22 @@ def main() -> None:
             p.add_argument("--repeat", type=int, default=3)
         if name == "evict":
             p.add_argument("--total", type=parse_size, default=1 << 30)
+        if name == "submit":
+            p.add_argument("--budget", type=parse_size, default=64 << 20)
+            p.add_argument("--jobs", type=int, default=4000)
+            p.add_argument("--repeat", type=int, default=3)
+            p.add_argument("--inflight", type=int, default=64, help="store jobs in flight")
         if name == "million":
             p.add_argument("--files", type=int, default=1_000_000)
             p.add_argument("--budget-fraction", type=float, default=0.5)
     args = parser.parse_args()
-    commands = {"steady": steady, "recency": recency, "evict": evict_cost, "million": million}
+    commands = {
+        "steady": steady,
+        "recency": recency,
+        "evict": evict_cost,
+        "million": million,
+        "submit": submit_latency,
+    }
     result = commands[args.what](args)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

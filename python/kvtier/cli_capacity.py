@@ -21,7 +21,7 @@ from typing import Any
 
 from kvtier import _core
 from kvtier.tiering.fs.capacity.evictor import Evicted, evict, evictor_lock
-from kvtier.tiering.fs.capacity.ledger import UsageLedger, state_dir
+from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, UsageLedger, state_dir
 from kvtier.tiering.fs.capacity.policy import (
     MAX_MIN_FREE_FRACTION,
     CapacityPolicy,
@@ -165,7 +165,7 @@ def _check_root(command: str, root: Path, init: bool = False) -> str | None:
                 f"it); if it is meant to be one, make it so with `kvtier gc --init {path}`",
             )
             return None
-        ledger = os.path.join(state_dir(path), "usage.json")
+        ledger = os.path.join(state_dir(path), LEDGER_FILE_NAME)
         try:
             mode = os.lstat(ledger).st_mode
         except FileNotFoundError:
@@ -336,7 +336,7 @@ def _run_du(args: argparse.Namespace, root: str) -> int:
         }
         for name, u in sorted(found.namespaces.items())
     ]
-    ledger_path = os.path.join(state_dir(root), "usage.json")
+    ledger_path = os.path.join(state_dir(root), LEDGER_FILE_NAME)
     accounted = UsageLedger(root).read().used if os.path.exists(ledger_path) else None
     report = {
         "root": root,

@@ -9,7 +9,7 @@ argv: holder locks root gate
   holder  fs (FileSystemTierManager) or gpu (GPUStorageTransfer over a CPU tensor), both with
           a byte budget, so the capacity thread and the budget lease exist too
   locks   held or free: whether, before forking, another thread takes kvtier's module-level
-          locks (the capacity registries, the ledger's descriptor table, the io-engine
+          locks (the capacity registry, the io-engine
           warnings) and holds them across the fork, as a thread creating a tier would
 
 The forked child checks that the inherited
@@ -93,10 +93,11 @@ def refusal(call: Any) -> str:
 
 def hold_module_locks(held: threading.Event, release: threading.Event) -> None:
     from kvtier.tiering.fs import engine
-    from kvtier.tiering.fs.capacity import controller, ledger
+    from kvtier.tiering.fs.capacity import controller
 
-    locks = [controller._registry_lock, ledger._registry_lock, engine._warned_lock]
-    locks += [lock for _, lock in ledger._fds.values()]
+    # (The capacity ledger keeps no process-wide locks or descriptors: OFD locks belong to
+    # each descriptor.)
+    locks = [controller._registry_lock, engine._warned_lock]
     for lock in locks:
         lock.acquire()
     held.set()
@@ -181,8 +182,8 @@ def main() -> int:
     # parent's own next reservation could write it again).
     from kvtier.tiering.fs.capacity.ledger import UsageLedger
 
-    lease = holder._capacity._lease_id
-    report["lease_kept"] = lease in UsageLedger(os.path.abspath(root)).read().leases
+    writer = holder._capacity._slot.id
+    report["lease_kept"] = writer in UsageLedger(os.path.abspath(root)).read().writers
     report["held_job"] = wait_for(holder, 2).success
     submit(holder, 4, True, 200)
     report["stores_after"] = wait_for(holder, 4).success

@@ -4,6 +4,7 @@ tmpfs, eviction "none", and what lookups and loads see of evictions."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -17,8 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
-from kvtier.tiering.fs.capacity import block_file_bytes, parse_size
-from kvtier.tiering.fs.capacity.evictor import evict
+from kvtier.tiering.fs.capacity import (
+    CapacityController,
+    CapacityPolicy,
+    block_file_bytes,
+    parse_size,
+)
+from kvtier.tiering.fs.capacity.controller import DEFERRED
+from kvtier.tiering.fs.capacity.evictor import evict, evictor_lock
+from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, Base, LedgerState, UsageLedger
 from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME
 from kvtier.tiering.fs.capacity.survey import survey
 from kvtier.tiering.fs.manager import FileSystemTierManager
@@ -58,16 +66,14 @@ def block_paths(root: Path) -> list[Path]:
     return [p for p in root.rglob("*.kvb")]
 
 
-def settled(root: Path):
-    """A condition: the set of block files did not change over the last 1.5 s (longer than
-    a capacity tick), so an eviction pass has finished."""
+def settled(tier: FileSystemTierManager):
+    """A condition: the tier's capacity thread is idle (no eviction asked for or running, no
+    store waiting for budget)."""
+    return lambda: tier._capacity.wait_idle(WAIT_SECONDS)
 
-    def check() -> bool:
-        before = set(block_paths(root))
-        time.sleep(1.5)
-        return before == set(block_paths(root))
 
-    return check
+def ledger(root: Path) -> LedgerState:
+    return UsageLedger(str(root)).read()
 
 
 class Tier:
@@ -262,8 +268,8 @@ def test_two_hosts_evict_one_root(tmp_path):
     assert sum(r["evicted_blocks"] for r in reports) > 0
     assert all(f.read_bytes() == b"x" * 8192 for f in foreign)
     assert disk_bytes(root) <= budget + 3 * 8192
-    leases = json.loads((root / STATE_DIR_NAME / "usage.json").read_text())["leases"]
-    assert leases == {}  # both hosts handed their budget back
+    records = ledger(root).writers.values()
+    assert all(r.reserved == r.writing == 0 for r in records)  # budget handed back
 
 
 @pytest.mark.parametrize("use", ["load", "store", "lookup", "touch"])
@@ -331,7 +337,7 @@ def test_one_scan_serves_later_passes_in_lru_order(tmp_path):
     try:
         store(0, 1200)
         wait_for(lambda: tier.stats()["evicted_blocks"] > 0, "a first eviction pass")
-        wait_for(settled(tmp_path), "the pass to finish")
+        wait_for(settled(tier), "the pass to finish")
         names = present()
         survivors = [i for i in range(1200) if f"{key(i).hex()}.kvb" in names]
         used, cold = survivors[:4], survivors[4:40]
@@ -347,7 +353,7 @@ def test_one_scan_serves_later_passes_in_lru_order(tmp_path):
         evicted = tier.stats()["evicted_blocks"]
         store(10_000, 200)  # well within the candidates' lifetime (30 s)
         wait_for(lambda: tier.stats()["evicted_blocks"] > evicted, "another pass")
-        wait_for(settled(tmp_path), "eviction to finish")
+        wait_for(settled(tier), "eviction to finish")
         names = present()
         assert all(f"{key(i).hex()}.kvb" in names for i in used), "a used block was evicted"
         assert not any(f"{key(i).hex()}.kvb" in names for i in cold), "old blocks were kept"
@@ -428,7 +434,7 @@ def test_restart_into_a_smaller_budget(tmp_path, ledger):
     second = Tier(tmp_path, max_bytes=budget)
     try:
         wait_for(lambda: disk_bytes(tmp_path) <= budget, "the smaller budget")
-        wait_for(settled(tmp_path), "eviction to finish")
+        wait_for(settled(second.tier), "eviction to finish")
         names = {p.name for p in block_paths(tmp_path)}
         left = [i for i in range(40) if f"{key(i).hex()}.kvb" in names]
         assert left and all(second.load(i).success for i in left)
@@ -455,8 +461,8 @@ os.kill(os.getpid(), signal.SIGKILL)  # dies holding its lease: no shutdown, no 
 
 
 def test_budget_of_a_crashed_process_comes_back(tmp_path):
-    """A process killed while holding budget leaves a lease in the ledger; the next tier
-    on this host recounts at once, and the ledger agrees with the files again."""
+    """A process killed while holding budget leaves its record in the ledger; the next tier
+    sees its lock free, folds it in, recounts, and the ledger agrees with the files again."""
     budget = 64 * FILE
     proc = subprocess.run(
         [sys.executable, "-c", CRASHER, str(tmp_path), str(ROW), str(budget)],
@@ -464,15 +470,18 @@ def test_budget_of_a_crashed_process_comes_back(tmp_path):
         timeout=120,
     )
     assert proc.returncode == -9, proc.stderr
-    ledger = tmp_path / STATE_DIR_NAME / "usage.json"
-    assert json.loads(ledger.read_text())["leases"]  # the dead process's budget
+    dead = ledger(tmp_path).writers
+    assert sum(r.reserved + r.writing for r in dead.values()) > 0  # the dead process's budget
     t = Tier(tmp_path, max_bytes=budget)
     try:
 
         def recounted() -> bool:
-            state = json.loads(ledger.read_text())
-            others = [k for k in state["leases"] if k.split(":")[1] != str(os.getpid())]
-            return not others and state["files"] == disk_bytes(tmp_path) == 4 * FILE
+            state = ledger(tmp_path)
+            return (
+                not set(dead) & set(state.writers)
+                and state.files == disk_bytes(tmp_path) == 4 * FILE
+                and state.reserved <= t.tier._capacity.chunk_bytes
+            )
 
         wait_for(recounted, "the ledger to drop the dead lease and recount")
         assert t.store(7).success and t.load(7).success
@@ -494,12 +503,11 @@ def test_blocks_deleted_behind_the_ledgers_back_are_recounted(tmp_path):
             path.unlink(missing_ok=True)  # an eviction pass may be removing some too
         for i in range(100, 200):
             assert t.store(i).success
-        ledger = tmp_path / STATE_DIR_NAME / "usage.json"
 
         def agrees() -> bool:
-            return json.loads(ledger.read_text())["files"] == disk_bytes(tmp_path)
+            return ledger(tmp_path).files == disk_bytes(tmp_path)
 
-        wait_for(settled(tmp_path), "eviction to finish")
+        wait_for(settled(t.tier), "eviction to finish")
         wait_for(agrees, "the ledger to agree with the files")
     finally:
         t.close()
@@ -558,3 +566,419 @@ def test_min_free_fraction_on_a_small_tmpfs(tmp_path):
     finally:
         if subprocess.run(["umount", str(mnt)], capture_output=True).returncode:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+# -- shared state that nothing can corrupt (issue 18) --------------------------------------
+
+
+def ledger_warnings(caplog) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and LEDGER_FILE_NAME in r.getMessage()
+    ]
+
+
+def filled_root(root: Path, n: int) -> None:
+    t = Tier(root)
+    for i in range(n):
+        assert t.store(i).success
+    t.close()
+
+
+def test_torn_ledger_is_rebuilt_by_a_scan_with_one_warning(tmp_path, caplog):
+    """A ledger torn by a crash mid-write (trailing bytes of an older, longer version) is
+    neither trusted nor silently reset: one warning, a recount, and stores go on."""
+    filled_root(tmp_path, 10)
+    path = tmp_path / STATE_DIR_NAME / LEDGER_FILE_NAME
+    path.write_bytes(path.read_bytes() + b"\0" * 37)
+    caplog.set_level("WARNING")
+    t = Tier(tmp_path, max_bytes=64 * FILE, min_free_fraction=0)
+    try:
+        assert t.store(100).success
+        wait_for(lambda: ledger(tmp_path).files == disk_bytes(tmp_path) == 11 * FILE, "a recount")
+        assert len(ledger_warnings(caplog)) == 1, ledger_warnings(caplog)
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("bad", ["nested", "infinity", "sparse-1TiB", "fifo", "out-of-range"])
+def test_invalid_ledger_contents_are_rebuilt_by_a_scan(tmp_path, caplog, bad):
+    """Whatever lies at the ledger's path, the tier starts, warns once and recounts: no
+    RecursionError, OverflowError or MemoryError, nor a value trusted because it decodes."""
+    filled_root(tmp_path, 6)
+    path = tmp_path / STATE_DIR_NAME / LEDGER_FILE_NAME
+    path.unlink(missing_ok=True)
+    if bad == "nested":
+        path.write_bytes(b"[" * 100_000)
+    elif bad == "infinity":
+        path.write_bytes(b'{"files": Infinity, "added": 1e999, "leases": {"a": [1e999, 0]}}')
+    elif bad == "sparse-1TiB":
+        with open(path, "wb") as f:
+            f.truncate(1 << 40)
+    elif bad == "fifo":
+        os.mkfifo(path)
+    else:  # a well-formed record whose count is no real file system's
+        path.write_bytes(Base(files=(1 << 63) + 5, complete=True).encode())
+    caplog.set_level("WARNING")
+    t = Tier(tmp_path, max_bytes=64 * FILE, min_free_fraction=0)
+    try:
+        assert t.store(100).success
+        wait_for(lambda: ledger(tmp_path).files == disk_bytes(tmp_path) == 7 * FILE, "a recount")
+        assert t.stats()["used_bytes"] == 7 * FILE
+        assert len(ledger_warnings(caplog)) == 1, ledger_warnings(caplog)
+    finally:
+        t.close()
+
+
+HOLDER = """
+import os, sys, time
+writer = int(sys.argv[2])
+root = sys.argv[1]
+tier = None
+if writer:  # a writer that dies holding budget, in another PID namespace ("a container")
+    import numpy as np
+    from kvtier.tiering.base import JobMetadata
+    from kvtier.tiering.fs.manager import FileSystemTierManager
+    from kvtier.tiering.spec import OffloadingSpec
+    buf = np.ones((1, int(sys.argv[3])), dtype=np.uint8)
+    spec = OffloadingSpec(model_name="org/capacity", dtype="float16", kv_layout="NHD")
+    tier = FileSystemTierManager(spec, memoryview(buf), "fs", root_dir=root,
+                                 max_bytes=sys.argv[4], min_free_fraction=0)
+    for i in range(3):
+        tier.submit_store(JobMetadata(i, [bytes(35) + bytes([200 + i])],
+                                      np.zeros(1, np.int64), False, None))
+    tier.drain_jobs()
+    time.sleep(1.5)  # its record written (a tick)
+print(os.getpid(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_dead_writer_of_another_pid_namespace_with_a_fast_clock_is_dead(tmp_path):
+    """A writer killed inside its own PID namespace (its pid means nothing here, and may be
+    a live pid of this one), whose files are dated an hour ahead (a host with a fast clock):
+    its lock is free, so its reservation is dropped and its blocks are counted at once."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a separate PID namespace")
+    budget = 64 * FILE
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", HOLDER]
+        + [str(tmp_path), "1", str(ROW), str(budget)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    if not line:
+        pytest.skip(f"unshare --pid is not permitted here: {proc.stderr.read().strip()}")
+    assert int(line) == 1  # pid 1 of its namespace: alive from anyone's point of view here
+    dead = ledger(tmp_path).writers
+    assert sum(r.added + r.reserved for r in dead.values()) > 0
+    proc.kill()
+    proc.wait(timeout=30)
+    future = time.time() + 3600
+    for path in (tmp_path / STATE_DIR_NAME).rglob("*"):
+        os.utime(path, (future, future), follow_symlinks=False)
+    t = Tier(tmp_path, max_bytes=budget, min_free_fraction=0)
+    try:
+
+        def folded() -> bool:
+            state = ledger(tmp_path)
+            return not set(dead) & set(state.writers) and state.files == disk_bytes(tmp_path)
+
+        wait_for(folded, "the dead writer's record to be folded in")
+        assert disk_bytes(tmp_path) == 3 * FILE
+        assert ledger(tmp_path).reserved <= t.tier._capacity.chunk_bytes
+        assert t.store(7).success
+    finally:
+        t.close()
+
+
+def test_two_paths_to_one_root_are_one_root(tmp_path):
+    """A symlinked root_dir is the same root: one evictor lock between the two paths, also
+    within one process, and one budget."""
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with evictor_lock(str(real)) as first, evictor_lock(str(link)) as second:
+        assert first and not second
+    a = Tier(real, max_bytes=20 * FILE, min_free_fraction=0)
+    b = Tier(link, max_bytes=20 * FILE, min_free_fraction=0)
+    try:
+        for i in range(30):
+            assert (a if i % 2 else b).store(i).success
+        wait_for(settled(a.tier), "a idle")
+        wait_for(settled(b.tier), "b idle")
+        assert disk_bytes(real) <= 20 * FILE
+        assert a.stats()["evicted_blocks"] + b.stats()["evicted_blocks"] >= 10
+    finally:
+        a.close()
+        b.close()
+
+
+def descriptors_under(root: Path) -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)):
+            found.append(target)
+    return found
+
+
+def test_shutdown_releases_every_descriptor_and_the_volume_unmounts(tmp_path):
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount(8) for a tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {proc.stderr.decode().strip()}")
+    try:
+        tiers = [Tier(mnt, max_bytes=8 * FILE, min_free_fraction=0) for _ in range(3)]
+        for n, t in enumerate(tiers):
+            for i in range(12):
+                assert t.store(100 * n + i).success
+        for t in tiers:
+            t.close()
+        assert descriptors_under(mnt / STATE_DIR_NAME) == []  # capacity: at shutdown()
+        # The engine keeps its rank directory open until the tier object goes (csrc).
+        del tiers, t
+        gc.collect()
+        assert descriptors_under(mnt) == []
+        umount = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
+        assert umount.returncode == 0, umount.stderr
+    finally:
+        if os.path.ismount(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_replaced_state_directory_is_rejoined(tmp_path):
+    """A tier whose .kvtier/ was removed under it joins the new one: tiers started later
+    see it, and usage stays within the budget."""
+    budget = 24 * FILE
+    a = Tier(tmp_path, max_bytes=budget, min_free_fraction=0)
+    try:
+        assert a.store(1).success
+        shutil.rmtree(tmp_path / STATE_DIR_NAME)
+        b = Tier(tmp_path, max_bytes=budget, min_free_fraction=0)
+        try:
+            wait_for(lambda: len(ledger(tmp_path).writers) == 2, "the first tier to rejoin")
+            for i in range(60):
+                assert (a if i % 2 else b).store(100 + i).success
+            wait_for(settled(a.tier), "a idle")
+            wait_for(settled(b.tier), "b idle")
+            assert disk_bytes(tmp_path) <= budget
+        finally:
+            b.close()
+    finally:
+        a.close()
+
+
+LOCKER = """
+import fcntl, os, sys, select
+held = 0
+for d, _, names in os.walk(os.path.join(sys.argv[1], ".kvtier")):
+    for n in names:
+        fd = os.open(os.path.join(d, n), os.O_RDWR)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held += 1
+        except OSError:
+            os.close(fd)  # a live writer's own lock: not ours to take
+print("held", held, flush=True)
+ready, _, _ = select.select([sys.stdin], [], [], 90)
+print("released on request" if ready else "released by timeout", flush=True)
+"""
+
+
+def test_calls_do_not_wait_for_a_process_holding_the_roots_locks(tmp_path):
+    """Another process holds a lock on every file of the state directory (a frozen
+    co-tenant). submit_store (beyond this instance's reservation), lookup, touch,
+    get_finished and shutdown all return while it still holds them: it releases only when
+    told to, after they returned, and says so."""
+    t = Tier(tmp_path, max_bytes=2000 * FILE, min_free_fraction=0)
+    assert t.store(0).success
+    locker = subprocess.Popen(
+        [sys.executable, "-c", LOCKER, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        held = locker.stdout.readline().split()
+        assert held[0] == "held" and int(held[1]) >= 2  # the ledger and the evictor lock
+        n_jobs = 3 * t.tier._capacity.chunk_bytes // FILE  # beyond one reservation
+        for j in range(n_jobs):
+            job = JobMetadata(1000 + j, [key(1000 + j)], np.zeros(1, np.int64), False, CTX)
+            t.tier.submit_store(job)
+        assert t.tier.lookup(key(0), CTX) in (True, None)
+        t.tier.touch([key(0)], CTX)
+        results = t.tier.get_finished()
+        t.tier.shutdown()
+        locker.stdin.write("release\n")
+        locker.stdin.flush()
+        assert locker.stdout.readline().strip() == "released on request"
+    finally:
+        locker.kill()
+        locker.wait()
+    results += t.tier.get_finished()
+    assert sorted(r.job_id for r in results) == list(range(1000, 1000 + n_jobs))
+
+
+def test_a_failure_inside_submit_is_one_failed_job_and_frees_its_slot(tmp_path):
+    """With the root gone, each store is reported once as failed, never raised from
+    submit_store and never left in flight: the store queue does not fill up."""
+    t = Tier(tmp_path, max_bytes=64 * FILE, max_queued_store_jobs=2)
+    try:
+        shutil.rmtree(tmp_path)
+        for i in range(6):
+            r = t.store(i)
+            assert not r.success and r.error
+        stats = t.stats()
+        assert stats["queued_store_jobs"] == 0 and stats["dropped_store_jobs"] == 0
+    finally:
+        t.close()
+
+
+# -- budget behaviour (issue 18) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("files", [16, 40])
+def test_small_budgets_are_used(tmp_path, files):
+    """In steady state block bytes stay between 80% and 100% of a budget of 16 or more
+    block files (sampled after each store once its eviction, if any, is over)."""
+    budget = files * FILE
+    t = Tier(tmp_path, max_bytes=budget, min_free_fraction=0)
+    try:
+        samples = []
+        for i in range(4 * files):
+            assert t.store(i).success
+            wait_for(settled(t.tier), "the capacity thread to be idle")
+            samples.append(len(block_paths(tmp_path)) * FILE)
+        steady = samples[files:]
+        assert t.stats()["evicted_blocks"] > 0
+        assert 0.8 * budget <= min(steady) and max(steady) <= budget, steady
+    finally:
+        t.close()
+
+
+def test_used_bytes_are_block_bytes_and_reservations_are_separate(tmp_path):
+    t = Tier(tmp_path, max_bytes=1 << 30, min_free_fraction=0)
+    try:
+        assert t.stats()["used_bytes"] == 0
+        assert t.store(1).success
+        stats = t.stats()
+        assert stats["used_bytes"] == FILE == disk_bytes(tmp_path)
+        assert stats["reserved_bytes"] >= 0
+    finally:
+        t.close()
+
+
+def test_idle_reservations_do_not_evict_an_active_tiers_blocks(tmp_path):
+    """Ten instances stored once and went idle; their reservations go back, and the one
+    active instance keeps at least 80% of the budget in blocks."""
+    budget = 64 * FILE
+    idle = [Tier(tmp_path, max_bytes=budget, min_free_fraction=0) for _ in range(10)]
+    active = Tier(tmp_path, max_bytes=budget, min_free_fraction=0)
+    try:
+        for n, t in enumerate(idle):
+            assert t.store(10_000 + n).success
+        wait_for(lambda: ledger(tmp_path).reserved == 0, "idle reservations to go back")
+        for i in range(2 * 64):
+            assert active.store(i).success
+        wait_for(settled(active.tier), "eviction to finish")
+        assert len(block_paths(tmp_path)) * FILE >= 0.8 * budget
+    finally:
+        for t in [*idle, active]:
+            t.close()
+
+
+def test_lru_never_refuses_a_store_while_eviction_can_make_room(tmp_path):
+    """Waves of store jobs submitted at once, each wave larger than the budget: under "lru"
+    none is refused (a store with no room yet waits for eviction off the caller's thread),
+    and block bytes sampled meanwhile never pass max_bytes (the margin is zero: stores wait
+    instead) beyond the files a sample can see twice (a rename between two directories)."""
+    row, budget, wave, waves, rows = 64 << 10, 16 << 20, 400, 3, 8
+    small = block_file_bytes(row)
+    buf = np.random.default_rng(0).integers(0, 256, (rows, row), dtype=np.uint8)
+    tier = FileSystemTierManager(
+        SPEC,
+        memoryview(buf),
+        "fs",
+        root_dir=str(tmp_path),
+        max_bytes=budget,
+        min_free_fraction=0,
+        max_queued_store_jobs=10 * wave,
+        n_write_threads=2,
+    )
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append(disk_bytes(tmp_path))
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    failed = []
+    try:
+        for w in range(waves):
+            ids = range(w * wave, (w + 1) * wave)
+            for j in ids:
+                keys = [key(j)]
+                tier.submit_store(JobMetadata(j, keys, np.array([j % rows]), False, CTX))
+            tier.drain_jobs()
+            results = {}
+            deadline = time.monotonic() + WAIT_SECONDS
+            while len(results) < wave and time.monotonic() < deadline:
+                results.update((r.job_id, r) for r in tier.get_finished())
+                time.sleep(0.01)
+            assert set(results) == set(ids)
+            failed += [r.error for r in results.values() if not r.success]
+        assert not failed, failed[:3]
+        assert tier.stats()["evicted_blocks"] > 0
+    finally:
+        stop.set()
+        sampler.join()
+        tier.shutdown()
+    assert max(samples) <= budget + 2 * small, (max(samples), budget)
+
+
+def test_restart_into_a_smaller_budget_stores_at_once(tmp_path):
+    filled_root(tmp_path, 40)
+    t = Tier(tmp_path, max_bytes=12 * FILE, min_free_fraction=0)
+    try:
+        assert t.store(1000).success  # waits for room, is not refused
+        wait_for(settled(t.tier), "eviction to finish")
+        assert disk_bytes(tmp_path) <= 12 * FILE
+    finally:
+        t.close()
+
+
+def test_capacity_calls_return_while_the_state_directory_is_frozen(stallfs):
+    """The root's state directory stops answering (a hung network file system): admission,
+    uses, stats and close() all return while it is still frozen; stores that need more
+    budget are deferred, not waited for."""
+    root = stallfs.mountpoint
+    c = CapacityController(str(root), CapacityPolicy(max_bytes=64 * FILE, min_free_fraction=0), ROW)
+    assert c.admit(1) is None  # the file system answers: a first reservation
+    c.finish_store(1, 1)
+    stallfs.match(STATE_DIR_NAME)
+    stallfs.freeze("all")
+    stallfs.wait_blocked(1)  # the capacity thread is stuck in the state directory
+    answers: list = []
+    for _ in range(3):
+        answers.append(c.admit(1, then=answers.append))
+    c.record_use([str(root / "x.kvb")])
+    assert c.stats()["capacity_bytes"] == 64 * FILE
+    c.close()
+    assert stallfs.status()["blocked"] >= 1  # all of the above returned while frozen
+    assert DEFERRED in answers
+    stallfs.thaw()
+    assert c._exited.wait(WAIT_SECONDS)  # the thread ends once the mount answers again

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity import block_file_bytes
+from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, UsageLedger
 from kvtier.tiering.fs.manager import FileSystemTierManager
 from kvtier.tiering.spec import OffloadingSpec
 
@@ -73,7 +75,7 @@ def test_du_reports_each_namespace(tree):
 
 def test_gc_dry_run_removes_nothing(tree, tmp_path):
     before = blocks(tree)
-    ledger = (tree / ".kvtier" / "usage.json").read_bytes()
+    ledger = (tree / ".kvtier" / LEDGER_FILE_NAME).read_bytes()
     out = tmp_path / "gc.json"
     proc = kvtier("gc", str(tree), "--max-bytes", str(20 * FILE), "--dry-run", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
@@ -81,7 +83,7 @@ def test_gc_dry_run_removes_nothing(tree, tmp_path):
     summary = json.loads(out.read_text())
     assert summary["dry_run"] and summary["removed_files"] > 0
     assert "would remove" in proc.stdout
-    assert (tree / ".kvtier" / "usage.json").read_bytes() == ledger  # nor the ledger
+    assert (tree / ".kvtier" / LEDGER_FILE_NAME).read_bytes() == ledger  # nor the ledger
 
 
 def test_gc_once_evicts_least_recently_used_blocks(tree, tmp_path):
@@ -100,8 +102,8 @@ def test_gc_once_evicts_least_recently_used_blocks(tree, tmp_path):
     assert removed_indices <= set(range(10))
     assert "removed" in proc.stdout and "usage" in proc.stdout
     # The tiers' ledger now agrees with the tree.
-    ledger = json.loads((tree / ".kvtier" / "usage.json").read_text())
-    assert ledger["files"] == len(left) * FILE and ledger["complete"]
+    ledger = UsageLedger(str(tree)).read()
+    assert ledger.files == len(left) * FILE and ledger.complete
 
 
 def test_gc_never_touches_other_files(tree):
@@ -192,9 +194,7 @@ def test_gc_init_makes_a_directory_a_root_deliberately(tmp_path):
 
 
 def test_a_root_with_tier_namespaces_is_a_root_without_capacity_state(tree):
-    for path in (tree / ".kvtier").iterdir():
-        path.unlink()
-    (tree / ".kvtier").rmdir()
+    shutil.rmtree(tree / ".kvtier")
     proc = kvtier("du", str(tree), "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["blocks"] == 40
@@ -234,7 +234,7 @@ def test_du_reports_mtimes_outside_years_1_to_9999(big_time_fs):
 
 @pytest.mark.parametrize("command", [["du"], ["gc", "--max-bytes", "1G"]])
 def test_a_fifo_at_the_ledger_is_an_error_naming_it(tree, command):
-    ledger = tree / ".kvtier" / "usage.json"
+    ledger = tree / ".kvtier" / LEDGER_FILE_NAME
     ledger.unlink()
     os.mkfifo(ledger)
     # Opening a FIFO for reading blocks until a writer comes: gc/du must never open it.

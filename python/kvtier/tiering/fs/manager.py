@@ -30,6 +30,7 @@ from kvtier.tiering.base import (
     SecondaryTierManager,
 )
 from kvtier.tiering.fs.capacity import CapacityController
+from kvtier.tiering.fs.capacity.controller import Deferred
 from kvtier.tiering.fs.engine import EngineIoReport, open_engine
 from kvtier.tiering.fs.file_mapper import BLOCK_SUFFIX, FileMapper, host_label
 from kvtier.tiering.fs.lookup import LookupCache
@@ -41,7 +42,7 @@ from kvtier.tiering.spec import OffloadingSpec
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Job:
     is_load: bool
     keys: tuple[OffloadKey, ...]
@@ -127,6 +128,9 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         self._unreported: set[JobId] = set()
         self._ready: list[JobResult] = []
         self._queued_stores = 0
+        # Stores waiting for budget on the capacity thread (drain_jobs waits for them).
+        self._admitting = 0
+        self._admissions = threading.Condition(self._lock)
         self._dropped_stores = 0
         self._shut_down = False
         self._failure_log = RateLimitedLog(logger)
@@ -202,42 +206,97 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             self._jobs[job_id] = _Job(is_load, keys)
             if not is_load:
                 self._queued_stores += 1
-        if not is_load and keys:
-            try:
-                refusal = self._capacity.admit(len(keys))
-            except OSError as e:
-                # The budget's ledger lives on the storage: a failing disk (EIO) fails this
-                # store as a job, reported once like any other, never as a raise here.
-                refusal = f"capacity ledger: {e.strerror or e} (errno {e.errno})"
-            if refusal is not None:
-                # Like a full store queue: the store fails at once (a later miss), loads go on.
-                with self._lock:
-                    self._jobs.pop(job_id, None)
-                    self._queued_stores -= 1
-                    error = f"submit_store: {refusal}"
-                    self._ready.append(JobResult(job_id, False, None, 0, 0.0, error))
-                self._failure_log.error("Job %s block I/O failed: %s", job_id, error)
-                return
-            with self._lock:
-                self._jobs[job_id] = _Job(False, keys, admitted=True)
         try:
             blocks = self._blocks(keys, block_ids)
             if is_load:
                 self._capacity.record_use([b[0] for b in blocks])
                 self._engine.submit_load(job_id, blocks)
-            else:
+                return
+            if not keys:
                 self._engine.submit_store(job_id, blocks)
-        except BaseException:
+                return
+            # Admission touches only memory; a store the budget has no room for yet is
+            # submitted later from the capacity thread, or fails there (never waits here).
             with self._lock:
-                dropped = self._jobs.pop(job_id, None)
-                self._unreported.discard(job_id)
-                if not is_load:
-                    self._queued_stores -= 1
-            if dropped is not None and dropped.admitted:
-                self._capacity.finish_store(len(keys), 0)
-            if self._engine.is_shut_down:
-                self._raise_shut_down()
+                self._admitting += 1
+            try:
+                admitted = self._capacity.admit(
+                    len(keys), lambda refusal: self._admitted(job_id, keys, blocks, refusal, True)
+                )
+            except BaseException:
+                self._admission_done()
+                raise
+            if not isinstance(admitted, Deferred):
+                self._admission_done()
+                self._admitted(job_id, keys, blocks, admitted, False)
+        except ShutDownError:
+            self._forget(job_id, is_load)
             raise
+        except Exception as e:
+            # Whatever failed after the job was registered, it is reported once and its
+            # store slot freed, never left "in flight".
+            if self._engine.is_shut_down:
+                self._forget(job_id, is_load)
+                self._raise_shut_down()
+            if not isinstance(e, OSError):
+                self._forget(job_id, is_load)
+                raise
+            self._fail(job_id, is_load, f"submit_{'load' if is_load else 'store'}: {e}")
+
+    def _admitted(
+        self,
+        job_id: JobId,
+        keys: tuple[OffloadKey, ...],
+        blocks: list[tuple[str, bytes, int, int]],
+        refusal: str | None,
+        deferred: bool,
+    ) -> None:
+        """A store's admission: submit it, or fail it like a full store queue (a later miss;
+        loads go on). Runs on the caller's thread or, when the store waited for budget, on
+        the capacity thread."""
+        if deferred:
+            try:
+                self._admitted(job_id, keys, blocks, refusal, False)
+            except BaseException as e:
+                reason = "the tier shut down" if self._engine.is_shut_down else str(e)
+                self._fail(job_id, False, f"submit_store: {reason}")
+            finally:
+                self._admission_done()
+            return
+        if refusal is not None:
+            self._fail(job_id, False, f"submit_store: {refusal}")
+            return
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                job.admitted = True
+        try:
+            self._engine.submit_store(job_id, blocks)
+        except BaseException:
+            self._capacity.finish_store(len(keys), 0)
+            raise
+
+    def _admission_done(self) -> None:
+        with self._admissions:
+            self._admitting -= 1
+            self._admissions.notify_all()
+
+    def _forget(self, job_id: JobId, is_load: bool) -> None:
+        with self._lock:
+            job = self._jobs.pop(job_id, None)
+            self._unreported.discard(job_id)
+            if not is_load and job is not None:
+                self._queued_stores -= 1
+
+    def _fail(self, job_id: JobId, is_load: bool, error: str) -> None:
+        with self._lock:
+            job = self._jobs.pop(job_id, None)
+            if job is None:
+                return  # already reported
+            if not is_load:
+                self._queued_stores -= 1
+            self._ready.append(JobResult(job_id, False, None, 0, 0.0, error))
+        self._failure_log.error("Job %s block I/O failed: %s", job_id, error)
 
     def _blocks(
         self, keys: Sequence[OffloadKey], block_ids: Sequence[int]
@@ -294,6 +353,14 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
 
     @owner_process_only
     def drain_jobs(self) -> None:
+        # Stores waiting for budget are answered within STORE_WAIT_SECONDS (or at shutdown);
+        # meanwhile finished stores are collected, which gives their budget back for them.
+        while True:
+            with self._admissions:
+                if self._admitting == 0:
+                    break
+                self._admissions.wait(0.01)
+            self._collect()
         self._engine.drain()
         # Collect now: drained stores stop counting against max_queued_store_jobs before the
         # caller's next get_finished().

@@ -2,7 +2,7 @@
 every process and host using it, with LRU eviction (docs/tiers.md, "Capacity").
 
 Modules: ``sizes`` (size strings, block file size), ``scanner`` (which files are blocks),
-``survey`` (one pass: usage and LRU candidates), ``ledger`` (shared usage counter),
+``survey`` (one pass: usage and LRU candidates), ``ledger`` (per-writer records, the count),
 ``recency`` (uses as mtimes), ``evictor`` (lock and unlink), ``policy`` (watermarks),
 ``controller`` (a tier instance's part).
 """

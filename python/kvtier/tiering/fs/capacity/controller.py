@@ -1,10 +1,10 @@
 """CapacityController: one tier instance's part in keeping a shared root within its budget.
 
-Hot-path calls (``admit``, ``finish_store``, ``record_use``) touch only memory, except
-``admit`` reserving a new chunk of budget from the ledger (one locked read-modify-write per
-``chunk_bytes``). A background thread settles the lease, flushes recency, reconciles the
-ledger with a scan when due and evicts when the budget or the free-space floor asks for it,
-if it gets the root's evictor lock.
+Hot-path calls (``admit``, ``finish_store``, ``record_use``, ``stats``) touch only this
+process's memory: no lock another process can hold, no ledger I/O. Budget is taken ahead in
+chunks by the instance's capacity thread, which also writes the instance's own ledger record,
+flushes recency, and, holding the root's evictor lock, reaps dead writers, reconciles the
+count with a scan when due and evicts (ledger.py says what is shared and how).
 """
 
 from __future__ import annotations
@@ -14,29 +14,40 @@ import errno
 import itertools
 import logging
 import os
+import random
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from kvtier._fork import after_fork_in_child
 from kvtier.tiering.fs.capacity.evictor import UNLINK_WORKERS, evict, evictor_lock
-from kvtier.tiering.fs.capacity.ledger import HEARTBEAT_SECONDS, LedgerState, UsageLedger
+from kvtier.tiering.fs.capacity.ledger import (
+    LedgerState,
+    UsageLedger,
+    WriterRecord,
+    WriterSlot,
+    root_identity,
+)
 from kvtier.tiering.fs.capacity.policy import CapacityPolicy, fs_used_bytes
 from kvtier.tiering.fs.capacity.recency import FLUSH_SECONDS, RecencyLog
 from kvtier.tiering.fs.capacity.scanner import FileEntry
 from kvtier.tiering.fs.capacity.sizes import block_file_bytes, format_size
 from kvtier.tiering.fs.capacity.survey import Interrupted, Survey, survey
-from kvtier.tiering.fs.file_mapper import host_label
 
 logger = logging.getLogger(__name__)
 
 TICK_SECONDS = 1.0
-# A full scan recounts the root at least this often (crashed writers, external deletes).
+# The evictor recounts the root by a full scan at least this often (crashed writers,
+# external deletes), measured on its own monotonic clock.
 RECONCILE_SECONDS = 300.0
-# A root without a ledger is counted before the constructor returns if it holds at most this
-# many files; larger ones are counted in the background (see _pass) under the statvfs bound.
+# Dead writers' records are folded in (and their reservations dropped) this often.
+REAP_SECONDS = 2.0
+# A root without a valid ledger is counted before the constructor returns if it holds at
+# most this many files; larger ones are counted in the background under the statvfs bound.
 STARTUP_SCAN_FILES = 4096
 # Candidates of a scan are used for later passes for at most this long.
 CANDIDATES_SECONDS = 30.0
@@ -44,9 +55,19 @@ CANDIDATES_SECONDS = 30.0
 _ALL_BYTES = 1 << 62
 # Per-instance budget chunk: at most this much, and at most 1/64 of max_bytes.
 MAX_CHUNK_BYTES = 64 << 20
+# An instance that admitted no store for this long gives its reservation back.
+IDLE_SECONDS = 2.0
+# A store the budget has no room for right now waits (off the caller's thread) this long
+# for eviction to make room, then fails with ENOSPC.
+STORE_WAIT_SECONDS = 10.0
+WAIT_POLL_SECONDS = 0.05
+# close() waits this long for the capacity thread's last record (a stalled file system
+# must not hold shutdown()).
+CLOSE_WAIT_SECONDS = 5.0
+
 _instances = itertools.count()
 _registry_lock = threading.Lock()
-_by_root: dict[str, weakref.WeakSet[CapacityController]] = {}
+_by_root: dict[tuple[int, int], weakref.WeakSet[CapacityController]] = {}
 
 
 @after_fork_in_child
@@ -56,6 +77,23 @@ def _forget_parent_controllers() -> None:
     global _registry_lock
     _registry_lock = threading.Lock()
     _by_root.clear()
+
+
+class Deferred:
+    """admit()'s answer when the store waits for budget: ``then`` is called later."""
+
+    def __repr__(self) -> str:
+        return "DEFERRED"
+
+
+DEFERRED = Deferred()
+
+
+@dataclass
+class _Wait:
+    need: int
+    then: Callable[[str | None], None]
+    deadline: float
 
 
 class CapacityController:
@@ -74,56 +112,59 @@ class CapacityController:
         on_evicted: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.root = os.path.abspath(root)
+        self.identity = root_identity(self.root)
         self.file_bytes = block_file_bytes(payload_bytes)
         self.policy = dataclasses.replace(policy, file_bytes=self.file_bytes)
         self.ledger = UsageLedger(self.root, file_mode)
         self.recency = RecencyLog(self.root)
         self._file_mode = file_mode
         self._on_evicted = on_evicted
-        self._lease_id = f"{host_label()}:{os.getpid()}:{next(_instances)}"
         cap = MAX_CHUNK_BYTES if policy.max_bytes is None else policy.max_bytes // 64
         self.chunk_bytes = max(self.file_bytes, min(MAX_CHUNK_BYTES, cap))
-        # _ledger_lock keeps reservations and settles of this lease in order; _lock guards
-        # the local counters (lock order: _ledger_lock, then _lock).
-        self._ledger_lock = threading.Lock()
+        # _lock guards the counters below and the waiting stores; held only for memory.
         self._lock = threading.Lock()
-        self._pool = 0  # reserved from the ledger, not yet given to a store
-        self._inflight = 0  # given to stores that have not finished
-        self._committed = 0  # new block files not yet moved into the ledger's "files"
+        self._pool = 0  # budget reserved in this instance's record, not yet given to a store
+        self._inflight = 0  # given to stores that have not finished (their tmp files)
+        self._added = 0  # bytes of block files this instance's identity committed
+        self._waiting: deque[_Wait] = deque()
+        self._last_admit = -IDLE_SECONDS
+        self._closed = False
+        self._slot = WriterSlot(self.root, file_mode)
         self._state: LedgerState = self.ledger.read()
-        # A process of this host that died holding budget: recount at once, not in 300 s.
-        self._recount = bool(self.ledger.stale_leases(self._state))
-        # "added" when the last reconcile scan began, until the root is next quiet (see
-        # _check_recount); the last "added" seen and since when.
-        self._recheck_added: int | None = None
-        self._seen_added, self._seen_since = -1, 0.0
-        if not self._state.complete:
-            self._count_small_root()
-        self._below_floor = False
-        # How fast this instance takes budget and how long an eviction pass takes: their
-        # product (doubled) is how early eviction starts (CapacityPolicy.budget_need's lead).
-        self._rate = 0.0  # bytes/s, moving average over reservations
-        self._last_reserve = time.monotonic()
-        self._pass_seconds = self._survey_seconds = 0.0
-        # Least recently used blocks found by the last scan, oldest first, not yet tried, and
-        # their bytes.
+        self._since_statvfs = 0
+        self._free_check_bytes = 0  # 1% of the file system, from the thread's statvfs
+        # Free bytes at the last statvfs less those admitted since (None: no floor), and
+        # the floor itself.
+        self._avail: int | None = None
+        self._floor_bytes = 0
+        self._observe(os.statvfs(self.root))
+        self._reconciled_at = time.monotonic()
+        self._reaped_at = 0.0
+        self._recount = not self._state.complete
+        # Least recently used blocks found by the last scan, oldest first, not yet tried.
         self._candidates: list[FileEntry] = []
         self._candidate_bytes = 0
         self._candidates_at = 0.0
+        self._pass_seconds = 0.0
         self._unlinkers: ThreadPoolExecutor | None = None
-        self._admitted_since_statvfs = 0
-        self._free_check_bytes = 0  # statvfs at the first admission
-        self._last_write = 0.0
         self.evicted_blocks = self.evicted_bytes = self.rejected_stores = 0
         # CPU seconds of eviction passes (scans, ledger, unlinks; every thread involved):
         # what a full cache costs beyond storing, reported by `kvtier bench --max-bytes`.
         self.eviction_cpu_seconds = 0.0
+        try:
+            self._slot.write(self._record())
+            if self._recount:
+                self._count_small_root()
+        except BaseException:
+            self._slot.close()
+            raise
         with _registry_lock:
-            _by_root.setdefault(self.root, weakref.WeakSet()).add(self)
+            _by_root.setdefault(self.identity, weakref.WeakSet()).add(self)
         self._wake = threading.Condition()
         self._evict_asked = False
         self._busy = False  # the thread is in a bookkeeping or eviction step (see wait_idle)
         self._stop = threading.Event()
+        self._exited = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvtier-capacity", daemon=True)
         self._thread.start()
 
@@ -131,80 +172,104 @@ class CapacityController:
         with evictor_lock(self.root, file_mode=self._file_mode) as held:
             if not held:
                 return
-            added = self.ledger.read().added
+            state, _ = self.ledger.reap_dead(self.ledger.read(), keep=self._slot.id)
             try:
                 found = survey(self.root, 0, max_files=STARTUP_SCAN_FILES)
             except Interrupted:
                 return
-            self._state = self.ledger.reconcile(found.block_bytes, added)
+            self._state = self.ledger.reconcile(found.block_bytes, state.added)
+            self._recount = False
 
-    # -- hot path --------------------------------------------------------------------------
+    # -- hot path (memory only) --------------------------------------------------------------
 
-    def admit(self, n_blocks: int) -> str | None:
-        """Reserve room for ``n_blocks`` new files; None, or why the store is refused."""
+    def admit(
+        self, n_blocks: int, then: Callable[[str | None], None] | None = None
+    ) -> str | None | Deferred:
+        """Take room for ``n_blocks`` new files from this instance's reservation.
+
+        Returns None (admitted), a reason the store is refused, or, with ``then``, DEFERRED:
+        there is no room right now, and ``then(None)`` (admitted) or ``then(reason)`` will be
+        called from the capacity thread once the budget has room, or at the latest after
+        STORE_WAIT_SECONDS. Without ``then``, the caller waits for that answer.
+        """
         need = n_blocks * self.file_bytes
-        self._watch_free_space(need)
         with self._lock:
-            if self._pool >= need and not (self.policy.eviction == "none" and self._below_floor):
-                self._pool -= need
-                self._inflight += need
+            if self._closed:
+                # Closed with its tier: the tier's engine refuses the store as shut down.
                 return None
-        if self.policy.eviction == "none" and self._below_floor:
-            return self._refuse(need, "free space is below min_free_fraction")
-        with self._ledger_lock:
-            # Settling this lease's finished stores in the same locked write keeps the lease
-            # small (at most about one chunk of unsettled stores) at no extra lock traffic.
-            with self._lock:
-                short = max(0, need - self._pool)
-                committed = self._committed
-                lease = self._pool + self._inflight
-            floor = 0 if self._state.complete else fs_used_bytes(os.statvfs(self.root))
-            granted = False
-            for take in dict.fromkeys((max(self.chunk_bytes, short), short)):
-                granted, self._state = self.ledger.settle(
-                    self._lease_id, lease, committed, take, self.policy.max_bytes, floor
-                )
+            self._last_admit = time.monotonic()
+            # Free space can shrink faster than a tick: once the stores admitted since the
+            # last statvfs could have used 1% of the file system, the thread looks again.
+            self._since_statvfs += need
+            check_free = self._since_statvfs >= self._free_check_bytes
+            if check_free:
+                self._since_statvfs = 0
+            free_ok = self._free_ok(need)
+            if self.policy.eviction == "none" and not free_ok:
+                self.rejected_stores += 1
+                return self._refusal(need, "free space is below min_free_fraction")
+            budget = self.policy.max_bytes
+            if budget is not None and need > budget:
+                self.rejected_stores += 1
+                return self._refusal(need, "the store is larger than the whole budget")
+            if not self._waiting and free_ok and (budget is None or self._pool >= need):
+                self._take(need)
+                low = budget is not None and self._pool < self.chunk_bytes // 2
+                answer: str | None | Deferred = None
+            else:
+                low = True
+                box: list[str | None] = []
+                done = threading.Event()
+
+                def answer_here(reason: str | None) -> None:
+                    box.append(reason)
+                    done.set()
+
+                wait = _Wait(need, then or answer_here, time.monotonic() + STORE_WAIT_SECONDS)
+                self._waiting.append(wait)
+                answer = DEFERRED
+        if check_free or (answer is DEFERRED and self.policy.eviction == "lru"):
+            self.request_eviction()
+        elif low:
+            self._poke()
+        if answer is DEFERRED and then is None:
+            # The caller asked to wait (no callback); the thread answers within the bound.
+            if not done.wait(STORE_WAIT_SECONDS + CLOSE_WAIT_SECONDS):
                 with self._lock:
-                    self._committed -= committed
-                    if granted:
-                        self._pool += take - need
-                        self._inflight += need
-                committed = 0
-                if granted:
-                    now = time.monotonic()
-                    elapsed = max(now - self._last_reserve, 1e-3)
-                    self._rate = 0.7 * self._rate + 0.3 * (take / elapsed)
-                    self._last_reserve = now
-                    break
-        if self.policy.budget_need(self._state.bounded_used(floor), self._lead()):
-            self.request_eviction()
-        if not granted:
-            return self._refuse(need, "the byte budget is full")
-        return None
+                    if wait in self._waiting:
+                        self._waiting.remove(wait)
+                        self.rejected_stores += 1
+                        return self._refusal(need, "no budget became free in time")
+                done.wait()
+            return box[0]
+        return answer
 
-    def _watch_free_space(self, nbytes: int) -> None:
-        """Notice a shrinking free space between ticks: statvfs again once the stores admitted
-        since the last one could have used FREE_CHECK_FRACTION of the file system."""
-        with self._lock:
-            self._admitted_since_statvfs += nbytes
-            if self._admitted_since_statvfs < self._free_check_bytes:
-                return
-            self._admitted_since_statvfs = 0
-        st = os.statvfs(self.root)
-        self._free_check_bytes = max(self.file_bytes, int(st.f_blocks * st.f_frsize * 0.01))
-        self._below_floor = self.policy.free_need(st) > 0
-        if self._below_floor and self.policy.eviction == "lru":
-            self.request_eviction()
+    def _free_ok(self, need: int) -> bool:
+        """Whether ``need`` more bytes keep free space above the floor, as far as the last
+        statvfs and the stores admitted since tell (call under _lock)."""
+        return self._avail is None or self._avail - need >= self._floor_bytes
 
-    def _refuse(self, need: int, why: str) -> str:
+    def _take(self, need: int) -> None:
+        """Give ``need`` bytes to a store (call under _lock)."""
+        if self.policy.max_bytes is not None:
+            self._pool -= need
+        self._inflight += need
+        if self._avail is not None:
+            self._avail -= need
+
+    def _observe(self, st: os.statvfs_result) -> None:
+        """Free space as statvfs reports it now (the capacity thread's, never the caller's)."""
+        floor = int(self.policy.min_free_fraction * st.f_blocks * st.f_frsize)
         with self._lock:
-            self.rejected_stores += 1
-        if self.policy.eviction == "lru":
-            self.request_eviction()
+            self._free_check_bytes = max(self.file_bytes, int(st.f_blocks * st.f_frsize * 0.01))
+            self._floor_bytes = floor
+            self._avail = None if floor <= 0 else st.f_bavail * st.f_frsize
+
+    def _refusal(self, need: int, why: str, code: int = errno.ENOSPC) -> str:
         budget = self.policy.max_bytes
         return (
-            f"{os.strerror(errno.ENOSPC)} (errno {errno.ENOSPC}): {why} (need "
-            f"{format_size(need)}, used {format_size(self._state.bounded_used(0))} of max_bytes "
+            f"{os.strerror(code)} (errno {code}): {why} (need {format_size(need)}, "
+            f"used {format_size(self._state.used)} of max_bytes "
             f"{'unlimited' if budget is None else format_size(budget)}, "
             f"eviction={self.policy.eviction!r})"
         )
@@ -215,8 +280,9 @@ class CapacityController:
         kept = min(new_blocks, n_blocks) * self.file_bytes
         with self._lock:
             self._inflight -= reserved
-            self._committed += kept
-            self._pool += reserved - kept
+            self._added += kept
+            if self.policy.max_bytes is not None:
+                self._pool += reserved - kept
 
     def record_use(self, paths: list[str]) -> None:
         self.recency.record(paths)
@@ -226,130 +292,239 @@ class CapacityController:
             self._evict_asked = True
             self._wake.notify_all()  # the thread, and wait_idle's waiters (they wait on more)
 
+    def _poke(self) -> None:
+        """Wake the thread for a top-up (not an eviction)."""
+        with self._wake:
+            self._wake.notify_all()
+
     def stats(self) -> dict[str, int]:
         with self._lock:
+            state = self._with_mine(self._state)
             return {
-                "used_bytes": self._state.used,
+                "used_bytes": state.used,
+                "reserved_bytes": state.reserved,
                 "capacity_bytes": self.policy.max_bytes or 0,
                 "evicted_blocks": self.evicted_blocks,
                 "evicted_bytes": self.evicted_bytes,
                 "rejected_stores": self.rejected_stores,
             }
 
+    def _record(self, extra: int = 0) -> WriterRecord:
+        return WriterRecord(self._added, self._inflight, self._pool + extra)
+
+    def _with_mine(self, state: LedgerState, extra: int = 0) -> LedgerState:
+        """``state`` with this instance's record as it is in memory now (call under _lock)."""
+        writers = dict(state.writers)
+        writers[self._slot.id] = self._record(extra)
+        return dataclasses.replace(state, writers=writers)
+
     # -- background --------------------------------------------------------------------------
 
     def _run(self) -> None:
         last_flush = time.monotonic()
-        while not self._stop.is_set():
-            with self._wake:
-                if not self._evict_asked:
-                    self._busy = False
-                    self._wake.notify_all()
-                    self._wake.wait(TICK_SECONDS)
-                asked, self._evict_asked = self._evict_asked, False
-                self._busy = True
-            if self._stop.is_set():
-                return
-            try:
-                now = time.monotonic()
-                if now - last_flush >= FLUSH_SECONDS:
-                    self.recency.flush()
-                    last_flush = now
-                self._settle(force=False)
-                self._maybe_pass(asked)
-            except Exception:  # never let the thread die: the budget would stop moving
-                logger.exception("Capacity bookkeeping under %s failed; retrying", self.root)
+        try:
+            while not self._stop.is_set():
+                with self._wake:
+                    if not self._evict_asked:
+                        self._busy = False
+                        self._wake.notify_all()
+                        # Stores waiting for budget: look again soon (others may give some
+                        # back, an evictor elsewhere may make room); a top-up request or an
+                        # eviction wakes the thread at once.
+                        self._wake.wait(WAIT_POLL_SECONDS if self._waiting else TICK_SECONDS)
+                    asked, self._evict_asked = self._evict_asked, False
+                    self._busy = True
+                if self._stop.is_set():
+                    break
+                try:
+                    now = time.monotonic()
+                    if now - last_flush >= FLUSH_SECONDS:
+                        self.recency.flush()
+                        last_flush = now
+                    self._tick(asked)
+                except Exception as e:  # never let the thread die: the budget would stop
+                    logger.exception("Capacity bookkeeping under %s failed; retrying", self.root)
+                    # Stores waiting for budget cannot learn it now: they fail at once (a
+                    # later miss) rather than wait out STORE_WAIT_SECONDS.
+                    self._refuse_waiting(f"the root's usage could not be read ({e})")
+                    self._stop.wait(TICK_SECONDS)
+        finally:
+            self._finish()
+
+    def _tick(self, asked: bool) -> None:
+        if self._slot.lost():
+            # The state directory was removed or replaced: others no longer see this
+            # instance. Start a new identity there (the root is recounted by a scan).
+            logger.warning("kvtier state under %s was replaced; rejoining it", self.root)
+            self._slot.close()
+            self._slot.open()
+            with self._lock:
+                self._added = 0
+        st = os.statvfs(self.root)
+        self._observe(st)
+        self._state = self.ledger.read()
+        self._serve(st)
+        self._expire()
+        with self._lock:
+            record = self._record()
+        self._slot.write(record)
+        self._maybe_pass(asked, st)
+
+    def _taken(self, state: LedgerState, st: os.statvfs_result, extra: int = 0) -> int:
+        with self._lock:
+            mine = self._with_mine(state, extra)
+        return mine.bounded_used(0 if mine.complete else fs_used_bytes(st))
+
+    def _demand(self, state: LedgerState, st: os.statvfs_result) -> int:
+        """Budget taken plus what waiting stores need beyond this instance's reservation:
+        what eviction must make room for."""
+        with self._lock:
+            extra = max(0, sum(w.need for w in self._waiting) - self._pool)
+            # Room for the oldest waiting store, or a chunk, at a time: a burst of waiting
+            # stores must not evict the whole cache in one pass.
+            first = self._waiting[0].need if self._waiting else 0
+            extra = min(extra, max(first, self.chunk_bytes))
+        return self._taken(state, st, extra)
+
+    def _free_demand(self, st: os.statvfs_result) -> int:
+        """Bytes to evict for the free-space floor, waiting stores included."""
+        need = self.policy.free_need(st)
+        if self.policy.min_free_fraction > 0:
+            with self._lock:
+                waiting = sum(w.need for w in self._waiting)
+            floor = int(self.policy.min_free_fraction * st.f_blocks * st.f_frsize)
+            if waiting:
+                need = max(need, floor + waiting - st.f_bavail * st.f_frsize)
+        return need
+
+    def _serve(self, st: os.statvfs_result) -> None:
+        """Top the reservation up for waiting stores and ahead of active ones; give it back
+        when idle; admit waiting stores from it (oldest first)."""
+        budget = self.policy.max_bytes
+        if budget is None:
+            self._admit_waiting()
+            with self._lock:
+                waiting_left = bool(self._waiting)
+            if waiting_left and self.policy.eviction == "lru":
+                self.request_eviction()
+            return
+        with self._lock:
+            waiting = sum(w.need for w in self._waiting)
+            active = time.monotonic() - self._last_admit < IDLE_SECONDS
+            target = waiting + (self.chunk_bytes if active else 0)
+            if self._pool > target:  # idle budget goes back to the others
+                self._pool = target
+            short = target - self._pool
+            first = self._waiting[0].need - self._pool if self._waiting else 0
+        # As much of what is wanted as fits, if that serves the oldest waiting store.
+        take = min(short, budget - self._taken(self._state, st)) if short > 0 else 0
+        if take >= max(first, 1):
+            self._reserve(take, budget, st)
+        self._admit_waiting()
+        with self._lock:
+            waiting_left = bool(self._waiting)
+        if waiting_left or self.policy.budget_need(self._demand(self._state, st)):
+            if self.policy.eviction == "lru":
+                self.request_eviction()
+
+    def _reserve(self, take: int, budget: int, st: os.statvfs_result) -> None:
+        # Write, then read back: of two writers racing for the last room, at least one sees
+        # the other's record and gives its take back (ledger.py).
+        with self._lock:
+            record = self._record(take)
+        self._slot.write(record)
+        self._state = self.ledger.read()
+        if self._taken(self._state, st, take) <= budget:
+            with self._lock:
+                self._pool += take
+            return
+        with self._lock:
+            record = self._record()
+        self._slot.write(record)
+        self._stop.wait(random.uniform(0, WAIT_POLL_SECONDS))  # break the tie
+
+    def _admit_waiting(self) -> None:
+        granted: list[_Wait] = []
+        with self._lock:
+            budget = self.policy.max_bytes
+            while self._waiting:
+                need = self._waiting[0].need
+                if (budget is not None and self._pool < need) or not self._free_ok(need):
+                    break
+                self._take(need)
+                granted.append(self._waiting.popleft())
+        for w in granted:
+            w.then(None)
+
+    def _expire(self) -> None:
+        """Refuse waiting stores past their deadline, and every one under eviction "none"
+        (nothing will make room for them)."""
+        refused: list[tuple[_Wait, str]] = []
+        now = time.monotonic()
+        with self._lock:
+            keep: deque[_Wait] = deque()
+            for w in self._waiting:
+                if self.policy.eviction == "none" or now >= w.deadline:
+                    self.rejected_stores += 1
+                    refused.append((w, self._refusal(w.need, "the byte budget is full")))
+                else:
+                    keep.append(w)
+            self._waiting = keep
+        for w, why in refused:
+            w.then(why)
+
+    def _refuse_waiting(self, why: str, code: int = errno.ENOSPC) -> None:
+        with self._lock:
+            waiting, self._waiting = list(self._waiting), deque()
+            self.rejected_stores += len(waiting)
+            refused = [(w, self._refusal(w.need, why, code)) for w in waiting]
+        for w, reason in refused:
+            w.then(reason)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until no eviction is asked for or running (True), or ``timeout`` seconds
-        passed (False): a condition benchmarks and tests wait on instead of a quiet period."""
+        """Wait until no eviction is asked for or running and no store waits for budget
+        (True), or ``timeout`` seconds passed (False): a condition benchmarks and tests wait
+        on instead of a quiet period."""
         deadline = time.monotonic() + timeout
         with self._wake:
-            while self._busy or self._evict_asked:
+            while self._busy or self._evict_asked or self._waiting:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._stop.is_set():
                     return False
-                self._wake.wait(left)
+                self._wake.wait(min(left, TICK_SECONDS))
         return True
 
-    def _settle(self, force: bool) -> None:
-        with self._ledger_lock:
-            with self._lock:
-                committed = self._committed
-                if self._pool > 2 * self.chunk_bytes:  # give unneeded budget back
-                    self._pool = self.chunk_bytes
-                lease = self._pool + self._inflight + self._committed - committed
-            quiet = time.monotonic() - self._last_write < HEARTBEAT_SECONDS
-            held = self._state.leases.get(self._lease_id, (0, 0.0))[0]
-            if not force and committed == 0 and lease == held and quiet:
-                self._state = self.ledger.read()
-                return
-            _, self._state = self.ledger.settle(self._lease_id, lease, committed)
-            self._last_write = time.monotonic()
-            with self._lock:
-                self._committed -= committed
-
-    def _lead(self) -> int:
-        # Capped: a burst must not make the cache evict most of itself.
-        cap = (self.policy.max_bytes or 0) // 10
-        return min(cap, int(2 * self._rate * self._pass_seconds))
-
-    def _needs(self, state: LedgerState, st: os.statvfs_result) -> tuple[int, int]:
-        used = state.bounded_used(fs_used_bytes(st))
-        return self.policy.budget_need(used, self._lead()), self.policy.free_need(st)
-
-    def _maybe_pass(self, asked: bool) -> None:
-        st = os.statvfs(self.root)
-        budget_need, free_need = self._needs(self._state, st)
-        self._below_floor = free_need > 0
-        self._check_recount(self._state.added)
-        due = self._recount or self._reconcile_due(self._state)
-        evicting = self.policy.eviction == "lru" and (budget_need or free_need)
-        if due or evicting or (asked and self.policy.eviction == "lru"):
-            self._pass()
-
-    def _check_recount(self, added: int) -> None:
-        """Recount once more, when the root is quiet, after a reconcile that stores raced.
-
-        A block committed while (or just after) a reconcile scan ran may be both seen by it
-        and settled on top: an over-count no later pass would notice if the root then stays
-        under the watermark (the scan recounts only far less than the ledger). Such a block
-        is settled within a tick of its rename, so once "added" stayed put for a tick,
-        a change since the scan began means the reconcile may have over-counted; a scan of
-        the quiet root is exact. Busy roots never get here (no extra scans under load).
-        """
+    def _maybe_pass(self, asked: bool, st: os.statvfs_result) -> None:
+        budget_need = self.policy.budget_need(self._demand(self._state, st))
+        free_need = self._free_demand(st)
         now = time.monotonic()
-        if added != self._seen_added:
-            self._seen_added, self._seen_since = added, now
-        quiet = now - self._seen_since >= TICK_SECONDS
-        if self._recheck_added is not None and quiet:
-            self._recount = self._recount or added != self._recheck_added
-            self._recheck_added = None
-
-    @staticmethod
-    def _reconcile_due(state: LedgerState) -> bool:
-        return not state.complete or time.time() - state.scanned_at > RECONCILE_SECONDS
-
-    def _pass(self) -> None:
-        started = time.thread_time()
-        try:
-            self._locked_pass()
-        finally:
-            self.eviction_cpu_seconds += time.thread_time() - started
+        due = self._recount or now - self._reconciled_at > RECONCILE_SECONDS
+        reap = len(self._state.writers) > 1 and now - self._reaped_at > REAP_SECONDS
+        lru = self.policy.eviction == "lru"
+        if due or reap or (lru and (budget_need or free_need or asked)):
+            started = time.thread_time()
+            try:
+                self._locked_pass()
+            finally:
+                self.eviction_cpu_seconds += time.thread_time() - started
 
     def _locked_pass(self) -> None:
         with evictor_lock(self.root, self._file_mode) as held:
             if not held:
                 return  # another process (or gc) is at it; no repeated work
             self.recency.flush()
-            # Finished stores into "files" first: the scan counts their files.
-            self._settle(force=True)
-            state = self.ledger.read()
+            with self._lock:
+                record = self._record()
+            self._slot.write(record)  # finished stores first: the scan counts their files
+            self._reaped_at = time.monotonic()
+            state, uncertain = self.ledger.reap_dead(self.ledger.read(), keep=self._slot.id)
+            self._recount = self._recount or uncertain
+            self._state = state
             st = os.statvfs(self.root)
-            budget_need, free_need = self._needs(state, st)
             lru = self.policy.eviction == "lru"
-            need = max(budget_need, free_need) if lru else 0
-            due = self._recount or self._reconcile_due(state)
+            budget_need = self.policy.budget_need(self._demand(state, st))
+            need = max(budget_need, self._free_demand(st)) if lru else 0
+            due = self._recount or time.monotonic() - self._reconciled_at > RECONCILE_SECONDS
             if not need and not due:
                 return
             # The last scan's candidates serve until they run out (then the pass scans again
@@ -364,23 +539,21 @@ class CapacityController:
                     found = self._scan(need > 0)
                 except Interrupted:
                     return  # closing: the next instance to start recounts
-            # Only when due, or when a fresh scan finds far less than the ledger holds (files
-            # removed behind its back): stores settled while the scan ran are counted twice
-            # (seen by it and added on top), an over-count that lasts until the next one.
-            # (The scan cannot legitimately find less: this process holds the evictor lock,
-            # and others' unsettled stores are in their leases, not in "files".)
-            if not reuse and found.block_bytes + 4 * self.file_bytes < state.files:
-                due = True
-            if due:
-                self._state = self.ledger.reconcile(found.block_bytes, state.added)
-                self._recount = False
-                self._recheck_added = state.added
-            else:
-                self._state = self.ledger.read()
+                # A fresh scan finding far less than the ledger holds: files removed behind
+                # its back (the scan cannot legitimately find less: this instance holds the
+                # evictor lock, and others' stores in flight are in their records).
+                if found.block_bytes + 4 * self.file_bytes < state.files:
+                    due = True
+                if due:
+                    self._state = self.ledger.reconcile(found.block_bytes, state.added)
+                    self._recount = False
+                    self._reconciled_at = time.monotonic()
             if not lru:
                 return
-            budget_need, free_need = self._needs(self._state, os.statvfs(self.root))
-            need = max(budget_need, free_need)
+            st = os.statvfs(self.root)
+            need = max(
+                self.policy.budget_need(self._demand(self._state, st)), self._free_demand(st)
+            )
             if need:
                 started = time.monotonic()
                 freed = self._evict_candidates(need)
@@ -390,17 +563,15 @@ class CapacityController:
                     except Interrupted:
                         return
                     self._evict_candidates(need - freed)
-                self._pass_seconds = time.monotonic() - started + self._survey_seconds
-            self._below_floor = self.policy.free_need(os.statvfs(self.root)) > 0
+                self._pass_seconds = time.monotonic() - started
+            self._observe(os.statvfs(self.root))
 
     def _scan(self, keep_candidates: bool) -> Survey:
         """Survey the root; with ``keep_candidates``, every block (oldest first, up to
         survey.MAX_CANDIDATES) becomes a candidate. The list stays in LRU order for later
         passes: a block stored after the scan is newer than all of it, and one used or removed
         since is checked and skipped when its turn comes (evict())."""
-        started = time.monotonic()
         found = survey(self.root, _ALL_BYTES if keep_candidates else 0, self._stop)
-        self._survey_seconds = time.monotonic() - started
         self._candidates, self._candidates_at = found.candidates, time.monotonic()
         self._candidate_bytes = sum(e.size for e in self._candidates)
         return found
@@ -412,7 +583,7 @@ class CapacityController:
         done = evict(
             self._candidates,
             need,
-            in_use=_in_use_here(self.root),
+            in_use=_in_use_here(self.identity),
             on_batch=self._evicted,
             stop=self._stop,
             pool=self._unlinkers,
@@ -428,37 +599,61 @@ class CapacityController:
         with self._lock:
             self.evicted_blocks += len(paths)
             self.evicted_bytes += nbytes
+        # Stores waiting for room get it wave by wave, not at the end of the pass.
+        st = os.statvfs(self.root)
+        self._observe(st)
+        self._serve(st)
         with _registry_lock:
-            peers = list(_by_root.get(self.root, ()))
+            peers = list(_by_root.get(self.identity, ()))
         for peer in peers:
             if peer._on_evicted is not None:
                 peer._on_evicted(paths)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
+    def _finish(self) -> None:
+        """The thread's last step: refuse waiting stores, flush uses, write the final record
+        (stores still in flight count as committed: they may yet create their files) and
+        release every descriptor."""
+        with self._lock:
+            self._closed = True
+            waiting, self._waiting = list(self._waiting), deque()
+            self._added += self._inflight
+            self._pool = self._inflight = 0
+            record = self._record()
+        for w in waiting:
+            w.then(self._refusal(w.need, "the tier is shutting down", errno.ECANCELED))
+        try:
+            if self._unlinkers is not None:
+                self._unlinkers.shutdown()
+            self.recency.flush()
+            if not self._slot.lost():
+                self._slot.write(record)
+        except Exception:
+            logger.exception("Capacity: final record under %s not written", self.root)
+        finally:
+            self._slot.close()  # releases the writer lock: the evictor folds the record in
+            self._exited.set()
+            with self._wake:
+                self._busy = False
+                self._wake.notify_all()
+
     def close(self) -> None:
-        """Stop the thread, flush uses and hand the lease back (idempotent)."""
+        """Stop the thread, flush uses and hand the reservation back (idempotent). Waits at
+        most CLOSE_WAIT_SECONDS for the thread (a stalled file system may hold it)."""
         if self._stop.is_set():
             return
         self._stop.set()
         self.request_eviction()
         if self._thread is not threading.current_thread():
-            self._thread.join()
-        if self._unlinkers is not None:
-            self._unlinkers.shutdown()
-        self.recency.flush()
-        with self._ledger_lock, self._lock:
-            # Stores still in flight may yet create their files: count them as committed.
-            committed = self._committed + self._inflight
-            self._pool = self._inflight = self._committed = 0
-            _, self._state = self.ledger.settle(self._lease_id, 0, committed)
+            self._exited.wait(CLOSE_WAIT_SECONDS)
 
 
-def _in_use_here(root: str) -> Callable[[str], bool]:
-    """Whether any controller of this process on ``root`` has an unflushed use of a path."""
+def _in_use_here(identity: tuple[int, int]) -> Callable[[str], bool]:
+    """Whether any controller of this process on the root has an unflushed use of a path."""
     with _registry_lock:
-        logs = [c.recency for c in _by_root.get(root, ())]
+        logs = [c.recency for c in _by_root.get(identity, ())]
     return lambda path: any(log.is_pending(path) for log in logs)
 
 
-__all__ = ["CapacityController", "RECONCILE_SECONDS"]
+__all__ = ["DEFERRED", "CapacityController", "RECONCILE_SECONDS", "STORE_WAIT_SECONDS"]

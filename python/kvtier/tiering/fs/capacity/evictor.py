@@ -1,18 +1,19 @@
 """Eviction: one evictor per root at a time, unlinking least recently used block files.
 
-The evictor lock is ``<root>/.kvtier/evictor.lock``, taken without waiting (fcntl, so it
-works across NFS hosts and is released if its holder dies); a process that does not get it
-leaves the work to the holder instead of repeating it. Only block files (``*.kvb``) are
-ever unlinked, never tmp files of writers in flight or anything else. Racing deleters are
-harmless: ENOENT means someone else removed the file and is not counted here, so nothing is
-uncounted twice.
+The evictor lock is ``<root>/.kvtier/evictor.lock``, an open-file-description lock
+(``F_OFD_SETLK``) taken without waiting through a descriptor of the caller's own: two tiers of
+one process conflict like two processes (also when they reach the root by different paths),
+the lock goes with its holder's death, and nothing stays open once the pass is over. A holder
+whose lock file was removed or replaced meanwhile does not count as holding it. A process
+that does not get it leaves the work to the holder instead of repeating it. Only block files
+(``*.kvb``) are ever unlinked, never tmp files of writers in flight or anything else.
+Racing deleters are harmless: ENOENT means someone else removed the file and is not counted
+here, so nothing is uncounted twice.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
 import threading
 import time
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from kvtier.tiering.fs.capacity.ledger import shared_fd, state_dir
+from kvtier.tiering.fs.capacity.ledger import open_lock_file, state_dir, still_at, try_ofd_lock
 from kvtier.tiering.fs.capacity.scanner import FileEntry, is_block_name
 
 EVICTOR_LOCK_NAME = "evictor.lock"
@@ -34,25 +35,13 @@ WAVE_BYTES = 32 << 20
 
 @contextlib.contextmanager
 def evictor_lock(root: str, file_mode: int = 0o600) -> Iterator[bool]:
-    """Yields True while this thread holds the root's evictor lock, False if another does."""
-    fd, thread_lock = shared_fd(os.path.join(state_dir(root), EVICTOR_LOCK_NAME), file_mode)
-    if not thread_lock.acquire(blocking=False):
-        yield False
-        return
+    """Yields True while the caller holds the root's evictor lock, False if another does."""
+    path = os.path.join(state_dir(root), EVICTOR_LOCK_NAME)
+    fd = open_lock_file(path, file_mode)
     try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.lockf(fd, fcntl.LOCK_UN)
+        yield try_ofd_lock(fd) and still_at(fd, path)
     finally:
-        thread_lock.release()
+        os.close(fd)  # drops the lock
 
 
 @dataclass

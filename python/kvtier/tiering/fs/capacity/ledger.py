@@ -1,253 +1,527 @@
-"""The usage ledger: bytes of block files under a root, shared by every process and host.
+"""The usage ledger of a root: files that each writer owns, and one evictor's published count.
 
-``<root>/.kvtier/usage.json`` holds::
+Nothing shared is read, modified and written back by more than one party (docs/tiers.md,
+"Capacity", and docs/FORMAT.md, "Usage ledger"):
 
-    {"files": committed block bytes, "added": bytes ever committed (monotonic),
-     "complete": whether a full scan has counted the root, "scanned_at": its wall time,
-     "leases": {"<host>:<pid>:<n>": [bytes, heartbeat wall time], ...}}
+- ``<root>/.kvtier/writers/<id>.lock``: a tier instance's liveness. Its owner holds an
+  open-file-description lock (``F_OFD_SETLK``) on it for its whole life; a writer is alive
+  exactly while that lock is held (a killed, crashed or closed one releases it; pids and
+  clocks decide nothing). ``<id>`` is random, so containers and hosts never collide.
+- ``<root>/.kvtier/writers/<id>.rec``: that writer's own record, written only by it, replaced
+  atomically (write a tmp file, fsync, rename): bytes of block files it ever committed
+  (``added``, monotonic), bytes of its stores in flight (``writing``: their tmp files) and
+  budget it holds for stores not yet submitted (``reserved``).
+- ``<root>/.kvtier/usage.kvl``: written only by the holder of the evictor lock, the same
+  way: bytes of block files counted by its last scan and evictions (``files``) and, per
+  writer, how much of its ``added`` is already inside ``files`` (``folded``).
 
-Accounted usage is ``files + sum(leases)``. A lease is what one tier instance took from the
-budget and has not yet moved into ``files``: chunks reserved ahead of its stores, stores in
-flight, stores finished since its last settle. Every change is a read-modify-write under an
-fcntl lock on the file (works across processes and NFS hosts); fcntl locks belong to the
-process, so a process-wide thread lock per file serialises threads and tier instances of one
-process, and the file descriptor stays open for the process's life (closing any descriptor
-of a file drops the process's fcntl locks on it).
-
-Errors in the accounting only ever over-count (see docs/tiers.md, "Capacity"): a lease of a
-crashed process, a block written twice by racing writers. Reconciliation by a full scan
-(:meth:`UsageLedger.reconcile`) brings ``files`` back to what is on disk.
+Usage is ``files + sum(added - folded) + sum(writing)`` (``used_bytes``), budget taken is that
+plus ``sum(reserved)`` (``reserved_bytes``). Every file is read with a bounded size and
+checked (magic, version, length, CRC32C, value ranges); an invalid one counts as missing, is
+warned about once, and the evictor rebuilds the count by a scan. Errors only over-count
+(blocks committed while a scan ran; a writer's record lost with a state directory) until
+the next scan.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
+import errno
 import fcntl
-import json
+import logging
 import os
-import threading
-import time
+import secrets
+import stat
+import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from kvtier import _core
-from kvtier._fork import after_fork_in_child
 from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME
 from kvtier.tiering.fs.file_mapper import make_tier_directory
 
-LEDGER_FILE_NAME = "usage.json"
-# A lease whose holder has not written for this long is dropped by the next reconcile; live
-# holders heartbeat every HEARTBEAT_SECONDS, and rewrite their lease if it was dropped.
-HEARTBEAT_SECONDS = 30.0
-LEASE_TIMEOUT_SECONDS = 300.0
+logger = logging.getLogger(__name__)
 
-_registry_lock = threading.Lock()
-_fds: dict[str, tuple[int, threading.Lock]] = {}
+LEDGER_FILE_NAME = "usage.kvl"
+WRITERS_DIR_NAME = "writers"
+RECORD_SUFFIX = ".rec"
+LOCK_SUFFIX = ".lock"
+FORMAT_VERSION = 1
+_MAGIC_BASE = b"KVTL"
+_MAGIC_WRITER = b"KVTW"
+# magic, version, payload length, CRC32C of the payload.
+_HEADER = struct.Struct("<4sHxxII")
+_WRITER = struct.Struct("<QQQ")  # added, writing, reserved
+_BASE_HEAD = struct.Struct("<QII")  # files, flags, number of folded entries
+_FOLDED = struct.Struct("<16sQ")  # writer id (raw), folded bytes
+_ID_BYTES = 16
+# Values beyond this are not byte counts of any real file system (2^62 = 4 EiB).
+MAX_VALUE = 1 << 62
+# A root with more live and dead writers than this is not one kvtier made; bounded reads.
+MAX_WRITERS = 1 << 16
+_MAX_BASE_BYTES = _HEADER.size + _BASE_HEAD.size + MAX_WRITERS * _FOLDED.size
+_MAX_WRITER_BYTES = _HEADER.size + _WRITER.size
+_FLAG_COMPLETE = 1
+
+_OFD_WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+_OFD_UNLOCK = struct.pack("hhqqi4x", fcntl.F_UNLCK, os.SEEK_SET, 0, 0, 0)
 
 
-@after_fork_in_child
-def _new_thread_locks() -> None:
-    # A lock another thread held at the fork stays locked in the child. The descriptors stay:
-    # fcntl locks belong to a process, so the child's own locks on them are its own.
-    global _registry_lock
-    _registry_lock = threading.Lock()
-    for path, (fd, _) in list(_fds.items()):
-        _fds[path] = (fd, threading.Lock())
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (when unsure: alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # EPERM: it exists, owned by someone else
-    return True
+class Invalid(ValueError):
+    """A ledger file that is not one this version wrote whole."""
 
 
 def state_dir(root: str) -> str:
     return os.path.join(root, STATE_DIR_NAME)
 
 
-def shared_fd(path: str, mode: int) -> tuple[int, threading.Lock]:
-    """This process's descriptor of ``path`` (created if missing) and its thread lock."""
-    with _registry_lock:
-        found = _fds.get(path)
-        if found is None:
-            # Modes follow file_mode exactly, whatever the umask, as for every file and
-            # directory of the tier: users sharing a root through file_mode share this too.
-            make_tier_directory(os.path.dirname(path), int(_core.directory_mode(mode)))
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+def writers_dir(root: str) -> str:
+    return os.path.join(state_dir(root), WRITERS_DIR_NAME)
+
+
+def root_identity(root: str) -> tuple[int, int]:
+    """What makes two paths one root: its (st_dev, st_ino), whatever links lead there."""
+    st = os.stat(root)
+    return st.st_dev, st.st_ino
+
+
+# -- OFD locks -------------------------------------------------------------------------------
+
+
+def try_ofd_lock(fd: int) -> bool:
+    """Take a write lock on the whole of ``fd``'s open file description without waiting.
+
+    OFD locks belong to the description, not the process: two descriptors of one process
+    conflict like two processes, and closing another descriptor of the file drops nothing.
+    """
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _OFD_WRITE_LOCK)
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def ofd_unlock(fd: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _OFD_UNLOCK)
+
+
+def open_lock_file(path: str, mode: int) -> int:
+    """A descriptor of ``path`` (created if missing, never through a link)."""
+    make_state_dirs(os.path.dirname(path), mode)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            # Modes follow file_mode exactly, whatever the umask: users sharing a root share
+            # its state too.
+            os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_state_dirs(path: str, mode: int) -> None:
+    """Create ``path`` and its parents up to the root's state directory, with file_mode's
+    directory mode."""
+    if not os.path.isdir(path):
+        make_state_dirs(os.path.dirname(path), mode)
+        make_tier_directory(path, int(_core.directory_mode(mode)))
+
+
+def still_at(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file ``fd`` has open (not removed or replaced)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+# -- records ---------------------------------------------------------------------------------
+
+
+def _seal(magic: bytes, payload: bytes) -> bytes:
+    return _HEADER.pack(magic, FORMAT_VERSION, len(payload), _core.crc32c(payload)) + payload
+
+
+def _open_payload(data: bytes, magic: bytes) -> bytes:
+    if len(data) < _HEADER.size:
+        raise Invalid(f"{len(data)} bytes, shorter than a header")
+    got_magic, version, length, crc = _HEADER.unpack_from(data)
+    if got_magic != magic:
+        raise Invalid(f"magic {got_magic!r}, expected {magic!r}")
+    if version != FORMAT_VERSION:
+        raise Invalid(f"format version {version}, expected {FORMAT_VERSION}")
+    if length != len(data) - _HEADER.size:
+        raise Invalid(f"payload length {length}, file holds {len(data) - _HEADER.size}")
+    payload = data[_HEADER.size :]
+    if _core.crc32c(payload) != crc:
+        raise Invalid("payload checksum mismatch")
+    return payload
+
+
+def _checked(value: int, what: str) -> int:
+    if not 0 <= value < MAX_VALUE:
+        raise Invalid(f"{what} {value} out of range")
+    return value
+
+
+# A file replaced by rename while a network client reads it: ESTALE (GlusterFS, NFS) means
+# "open the new one", not a broken ledger.
+_ESTALE_RETRIES = 5
+
+
+def read_bounded(path: str, limit: int) -> bytes:
+    """The bytes of the regular file ``path`` (never through a link), if at most ``limit``.
+
+    Raises FileNotFoundError if it is missing, Invalid if it is not a small regular file.
+    """
+    for _ in range(_ESTALE_RETRIES - 1):
+        try:
+            return _read_bounded_once(path, limit)
+        except OSError as e:
+            if e.errno != errno.ESTALE:
+                raise
+    return _read_bounded_once(path, limit)
+
+
+def _read_bounded_once(path: str, limit: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Invalid("not a regular file")
+        if st.st_size > limit:
+            raise Invalid(f"{st.st_size} bytes, more than the {limit} a ledger file holds")
+        data = os.pread(fd, limit + 1, 0)
+        if len(data) > limit:
+            raise Invalid(f"grew past {limit} bytes while read")
+        return data
+    finally:
+        os.close(fd)
+
+
+def replace_atomically(path: str, data: bytes, mode: int) -> None:
+    """Write ``data`` to a tmp file next to ``path``, fsync it and rename it over ``path``:
+    a reader sees the old file or the new one whole, also after a crash."""
+    tmp = f"{path}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    try:
+        try:
             if os.fstat(fd).st_uid == os.geteuid():
                 os.fchmod(fd, mode)
-            found = _fds[path] = (fd, threading.Lock())
-        return found
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+@dataclass(frozen=True)
+class WriterRecord:
+    added: int = 0
+    writing: int = 0
+    reserved: int = 0
+
+    def encode(self) -> bytes:
+        return _seal(_MAGIC_WRITER, _WRITER.pack(self.added, self.writing, self.reserved))
+
+    @staticmethod
+    def decode(data: bytes) -> WriterRecord:
+        payload = _open_payload(data, _MAGIC_WRITER)
+        if len(payload) != _WRITER.size:
+            raise Invalid(f"writer record of {len(payload)} bytes, expected {_WRITER.size}")
+        added, writing, reserved = _WRITER.unpack(payload)
+        return WriterRecord(
+            _checked(added, "added"), _checked(writing, "writing"), _checked(reserved, "reserved")
+        )
+
+
+@dataclass(frozen=True)
+class Base:
+    """What the evictor publishes: ``files`` holds ``folded[w]`` bytes of writer ``w``."""
+
+    files: int = 0
+    complete: bool = False  # a full scan has counted the root
+    folded: dict[str, int] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        parts = [
+            _BASE_HEAD.pack(self.files, _FLAG_COMPLETE if self.complete else 0, len(self.folded))
+        ]
+        parts += [_FOLDED.pack(bytes.fromhex(w), n) for w, n in sorted(self.folded.items())]
+        return _seal(_MAGIC_BASE, b"".join(parts))
+
+    @staticmethod
+    def decode(data: bytes) -> Base:
+        payload = _open_payload(data, _MAGIC_BASE)
+        if len(payload) < _BASE_HEAD.size:
+            raise Invalid("usage record shorter than its head")
+        files, flags, n = _BASE_HEAD.unpack_from(payload)
+        if flags & ~_FLAG_COMPLETE or n > MAX_WRITERS:
+            raise Invalid(f"flags {flags:#x} or {n} writers out of range")
+        if len(payload) != _BASE_HEAD.size + n * _FOLDED.size:
+            raise Invalid(f"usage record of {len(payload)} bytes does not hold {n} writers")
+        folded = {}
+        for i in range(n):
+            raw, nbytes = _FOLDED.unpack_from(payload, _BASE_HEAD.size + i * _FOLDED.size)
+            folded[raw.hex()] = _checked(nbytes, "folded")
+        return Base(_checked(files, "files"), bool(flags & _FLAG_COMPLETE), folded)
+
+
+def new_writer_id() -> str:
+    return secrets.token_hex(_ID_BYTES)
+
+
+def _is_writer_id(text: str) -> bool:
+    return len(text) == 2 * _ID_BYTES and all(c in "0123456789abcdef" for c in text)
+
+
+# -- a root's usage --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class LedgerState:
-    files: int
-    added: int
-    complete: bool
-    scanned_at: float
-    leases: dict[str, tuple[int, float]]
+    """One reading of a root's ledger (a snapshot of every record)."""
+
+    base: Base
+    base_valid: bool  # False: missing or invalid; a scan must count the root
+    writers: dict[str, WriterRecord]
 
     @property
-    def leased(self) -> int:
-        return sum(b for b, _ in self.leases.values())
+    def complete(self) -> bool:
+        return self.base_valid and self.base.complete
+
+    @property
+    def files(self) -> int:
+        """Block bytes: the evictor's count plus what writers committed since."""
+        folded = self.base.folded
+        return self.base.files + sum(
+            max(0, r.added - folded.get(w, 0)) for w, r in self.writers.items()
+        )
+
+    @property
+    def writing(self) -> int:
+        return sum(r.writing for r in self.writers.values())
 
     @property
     def used(self) -> int:
-        return self.files + self.leased
+        """Block bytes on disk, tmp files of stores in flight included."""
+        return self.files + self.writing
+
+    @property
+    def reserved(self) -> int:
+        return sum(r.reserved for r in self.writers.values())
+
+    @property
+    def added(self) -> int:
+        """Sum of every writer's ``added`` (for a scan: what was committed while it ran)."""
+        return sum(r.added for r in self.writers.values())
 
     def bounded_used(self, fs_used: int) -> int:
-        """Accounted usage, bounded below by the file system's used bytes until a first
-        full scan has counted the root (files written before the ledger existed)."""
-        return (self.files if self.complete else max(self.files, fs_used)) + self.leased
-
-
-_EMPTY = LedgerState(0, 0, False, 0.0, {})
-
-
-def _decode(data: bytes) -> LedgerState:
-    try:
-        raw: Any = json.loads(data)
-        leases = {str(k): (int(v[0]), float(v[1])) for k, v in raw["leases"].items()}
-        return LedgerState(
-            int(raw["files"]),
-            int(raw["added"]),
-            bool(raw["complete"]),
-            float(raw["scanned_at"]),
-            leases,
-        )
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-        # Missing, torn by a crash mid-write, or foreign: start over; a scan recounts.
-        return _EMPTY
-
-
-def _encode(state: LedgerState) -> bytes:
-    return json.dumps(
-        {
-            "files": state.files,
-            "added": state.added,
-            "complete": state.complete,
-            "scanned_at": state.scanned_at,
-            "leases": {k: list(v) for k, v in state.leases.items()},
-        },
-        sort_keys=True,
-    ).encode()
+        """Budget taken (usage plus reservations), bounded below by the file system's used
+        bytes until a first full scan has counted the root (files that predate the ledger)."""
+        files = self.files if self.complete else max(self.files, fs_used)
+        return files + self.writing + self.reserved
 
 
 class UsageLedger:
-    """Read-modify-write access to ``<root>/.kvtier/usage.json`` under its lock."""
+    """Reading a root's ledger; publishing its count (only while holding the evictor lock)."""
 
     def __init__(self, root: str, file_mode: int = 0o600) -> None:
+        self.root = root
         self.path = os.path.join(state_dir(root), LEDGER_FILE_NAME)
-        self._fd, self._thread_lock = shared_fd(self.path, file_mode)
+        self._file_mode = file_mode
+        self._warned: set[str] = set()
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[list[LedgerState]]:
-        """Yields a one-element list holding the state; whatever is left in it is written."""
-        with self._thread_lock:
-            fcntl.lockf(self._fd, fcntl.LOCK_EX)
-            try:
-                size = os.fstat(self._fd).st_size
-                before = _decode(os.pread(self._fd, size, 0)) if size else _EMPTY
-                box = [before]
-                yield box
-                if box[0] is not before:
-                    data = _encode(box[0])
-                    os.pwrite(self._fd, data, 0)
-                    os.ftruncate(self._fd, len(data))
-            finally:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN)
+    def _warn_once(self, path: str, why: object) -> None:
+        if path not in self._warned:
+            self._warned.add(path)
+            logger.warning(
+                "Ignoring invalid kvtier ledger file %s (%s); usage is recounted by a scan",
+                path,
+                why,
+            )
 
     def read(self) -> LedgerState:
-        with self._locked() as box:
-            return box[0]
+        try:
+            base, valid = Base.decode(read_bounded(self.path, _MAX_BASE_BYTES)), True
+        except FileNotFoundError:
+            base, valid = Base(), False
+        except (Invalid, OSError) as e:
+            self._warn_once(self.path, e)
+            base, valid = Base(), False
+        writers = {}
+        for wid, path in self._records():
+            try:
+                writers[wid] = WriterRecord.decode(read_bounded(path, _MAX_WRITER_BYTES))
+            except FileNotFoundError:
+                continue
+            except (Invalid, OSError) as e:
+                self._warn_once(path, e)
+        return LedgerState(base, valid, writers)
 
-    def settle(
-        self,
-        lease_id: str,
-        lease_bytes: int,
-        committed: int,
-        take: int = 0,
-        limit: int | None = None,
-        floor: int = 0,
-    ) -> tuple[bool, LedgerState]:
-        """Move ``committed`` bytes of a lease into ``files``, set the lease to
-        ``lease_bytes`` (absolute, so a lease dropped as stale is restored; 0 removes it) and
-        add ``take`` to it if accounted usage then stays within ``limit``. Returns whether
-        ``take`` was granted, and the state after.
+    def _records(self) -> Iterator[tuple[str, str]]:
+        directory = writers_dir(self.root)
+        try:
+            with os.scandir(directory) as it:
+                names = [e.name for e in it]
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        count = 0
+        for name in names:
+            wid = name[: -len(RECORD_SUFFIX)]
+            if name.endswith(RECORD_SUFFIX) and _is_writer_id(wid):
+                count += 1
+                if count > MAX_WRITERS:
+                    self._warn_once(directory, f"more than {MAX_WRITERS} writers")
+                    return
+                yield wid, os.path.join(directory, name)
 
-        ``floor`` is a lower bound of the root's usage that holds even before a first scan
-        has counted it (the file system's used bytes); until then usage is
-        ``max(files, floor)``.
-        """
-        with self._locked() as box:
-            s = box[0]
-            files = s.files + committed
-            others = sum(b for k, (b, _) in s.leases.items() if k != lease_id)
-            base = files if s.complete else max(files, floor)
-            granted = limit is None or base + others + lease_bytes + take <= limit
-            held = lease_bytes + (take if granted else 0)
-            leases = dict(s.leases)
-            if held > 0:
-                leases[lease_id] = (held, time.time())
-            else:
-                leases.pop(lease_id, None)
-            box[0] = dataclasses.replace(s, files=files, added=s.added + committed, leases=leases)
-            return granted, box[0]
+    def publish(self, base: Base) -> None:
+        make_state_dirs(state_dir(self.root), self._file_mode)
+        replace_atomically(self.path, base.encode(), self._file_mode)
+        self._warned.discard(self.path)
 
-    def add_files(self, nbytes: int) -> None:
-        """Count bytes committed by a writer without a lease (``kvtier gc`` never writes)."""
-        with self._locked() as box:
-            s = box[0]
-            box[0] = dataclasses.replace(s, files=s.files + nbytes, added=s.added + nbytes)
-
-    def subtract(self, nbytes: int) -> LedgerState:
-        """Uncount block files that this process has just unlinked."""
-        with self._locked() as box:
-            s = box[0]
-            box[0] = dataclasses.replace(s, files=max(0, s.files - nbytes))
-            return box[0]
-
-    def stale_leases(self, state: LedgerState) -> list[str]:
-        """Leases of dead processes of this host, and of holders silent for
-        LEASE_TIMEOUT_SECONDS: what the next reconcile drops."""
-        from kvtier.tiering.fs.file_mapper import host_label
-
-        host, now, stale = host_label(), time.time(), []
-        for lease_id, (_, beat) in state.leases.items():
-            lease_host, _, rest = lease_id.partition(":")
-            pid_text = rest.split(":", 1)[0]
-            pid = int(pid_text) if pid_text.isdigit() else 0
-            if now - beat > LEASE_TIMEOUT_SECONDS or (
-                lease_host == host and pid > 0 and not _pid_alive(pid)
-            ):
-                stale.append(lease_id)
-        return stale
+    def reap_dead(self, state: LedgerState, keep: str | None = None) -> tuple[LedgerState, bool]:
+        """Fold the records of writers whose lock is free (dead or closed) into the count and
+        remove their files; returns the state after, and whether one died with stores in
+        flight (counted as committed: an over-count a scan should correct). Only the
+        evictor calls this."""
+        uncertain = False
+        base = state.base
+        folded, files = dict(base.folded), base.files
+        writers = dict(state.writers)
+        gone = False
+        directory = writers_dir(self.root)
+        for wid, rec in state.writers.items():
+            if wid == keep:
+                continue
+            lock_path = os.path.join(directory, wid + LOCK_SUFFIX)
+            try:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except FileNotFoundError:
+                fd = -1  # a writer creates its lock before its record: this one is gone
+            except OSError:
+                continue
+            try:
+                if fd >= 0 and not try_ofd_lock(fd):
+                    continue  # alive
+                # Its stores in flight may have created their files: count them.
+                files += max(0, rec.added - folded.pop(wid, 0)) + rec.writing
+                uncertain = uncertain or rec.writing > 0
+                writers.pop(wid)
+                gone = True
+                _unlink_quietly(os.path.join(directory, wid + RECORD_SUFFIX))
+                _unlink_quietly(lock_path)
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        # Folded entries of writers with no record left: nothing more to fold.
+        for wid in [w for w in folded if w not in writers]:
+            del folded[wid]
+            gone = True
+        if not gone:
+            return state, False
+        new = Base(files, base.complete, folded)
+        if state.base_valid:
+            self.publish(new)
+        return LedgerState(new, state.base_valid, writers), uncertain
 
     def reconcile(self, scanned: int, added_at_start: int) -> LedgerState:
-        """Set ``files`` from a full scan that began when ``added`` was ``added_at_start``.
+        """Publish ``files`` from a full scan that began when ``added`` (the sum over writers)
+        was ``added_at_start``: blocks committed since are added on top (an over-count until
+        the next scan, never an under-count). Call with the evictor lock held."""
+        state = self.read()
+        later = max(0, state.added - added_at_start)
+        base = Base(scanned + later, True, {w: r.added for w, r in state.writers.items()})
+        self.publish(base)
+        return LedgerState(base, True, state.writers)
 
-        Blocks committed during the scan may or may not have been seen by it; they are added
-        on top (an over-count until the next scan, never an under-count). Leases of dead
-        processes of this host and of holders silent for LEASE_TIMEOUT_SECONDS are dropped.
-        """
-        now = time.time()
-        with self._locked() as box:
-            s = box[0]
-            stale = set(self.stale_leases(s))
-            leases = {k: v for k, v in s.leases.items() if k not in stale}
-            files = scanned + max(0, s.added - added_at_start)
-            box[0] = dataclasses.replace(
-                s, files=files, complete=True, scanned_at=now, leases=leases
-            )
-            return box[0]
+    def subtract(self, nbytes: int) -> LedgerState:
+        """Uncount block files the evictor has just unlinked (evictor lock held). Writers'
+        additions so far are folded in first: the files removed may be theirs."""
+        state = self.read()
+        folded = {w: r.added for w, r in state.writers.items()}
+        base = Base(max(0, state.files - nbytes), state.base.complete, folded)
+        if state.base_valid:
+            self.publish(base)
+        return LedgerState(base, state.base_valid, state.writers)
 
 
-__all__ = ["HEARTBEAT_SECONDS", "LedgerState", "UsageLedger", "shared_fd", "state_dir"]
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class WriterSlot:
+    """This tier instance's lock and record. Only the capacity thread writes the record."""
+
+    def __init__(self, root: str, file_mode: int) -> None:
+        self.root = root
+        self._file_mode = file_mode
+        self.fd = -1
+        self.id = ""
+        self.last: WriterRecord | None = None
+        self.open()
+
+    @property
+    def lock_path(self) -> str:
+        return os.path.join(writers_dir(self.root), self.id + LOCK_SUFFIX)
+
+    @property
+    def record_path(self) -> str:
+        return os.path.join(writers_dir(self.root), self.id + RECORD_SUFFIX)
+
+    def open(self) -> None:
+        """Start a new identity: a fresh lock file, locked, with no record yet."""
+        self.id = new_writer_id()
+        fd = open_lock_file(self.lock_path, self._file_mode)
+        if not try_ofd_lock(fd):  # a fresh random name: nobody else can hold it
+            os.close(fd)
+            raise OSError(errno.EAGAIN, "writer lock unexpectedly held", self.lock_path)
+        self.fd, self.last = fd, None
+
+    def lost(self) -> bool:
+        """Whether this writer's lock file was removed or replaced (its state directory
+        removed, say): others cannot see it alive any more."""
+        return not still_at(self.fd, self.lock_path)
+
+    def write(self, record: WriterRecord) -> None:
+        if record != self.last:
+            replace_atomically(self.record_path, record.encode(), self._file_mode)
+            self.last = record
+
+    def close(self) -> None:
+        """Release the lock (the record stays, for the evictor to fold in)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+__all__ = [
+    "LEDGER_FILE_NAME",
+    "Base",
+    "Invalid",
+    "LedgerState",
+    "UsageLedger",
+    "WriterRecord",
+    "WriterSlot",
+    "open_lock_file",
+    "root_identity",
+    "state_dir",
+    "still_at",
+    "try_ofd_lock",
+]
