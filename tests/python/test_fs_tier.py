@@ -446,17 +446,26 @@ def test_tmp_files_of_dead_processes_are_swept(make_tier, tmp_path):
     host = socket.gethostname().split(".")[0]
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=120)  # reaped: its pid is free
-    dead_tmp = Path(f"{final}.{host}.{dead.pid}.0.tmp")
-    live_tmp = Path(f"{final}.{host}.{os.getpid()}.1.tmp")
-    foreign_tmp = Path(f"{final}.otherhost-{host}.{dead.pid}.2.tmp")
-    config_tmp = Path(f"{tier.file_mapper.config_path}.{host}.{dead.pid}.3.tmp")
-    for p in (dead_tmp, live_tmp, foreign_tmp, config_tmp):
+    token = "0123456789abcdef"
+    dead_tmp = Path(f"{final}.{host}.{dead.pid}.{token}.0.tmp")
+    live_tmp = Path(f"{final}.{host}.{dead.pid}.{token}.1.tmp")  # locked: its writer runs
+    # Unlocked though its pid runs here: the pid is informational, the lock is liveness.
+    unlocked_tmp = Path(f"{final}.{host}.{os.getpid()}.{token}.4.tmp")
+    foreign_tmp = Path(f"{final}.otherhost-{host}.{dead.pid}.{token}.2.tmp")
+    config_tmp = Path(f"{tier.file_mapper.config_path}.{host}.{dead.pid}.{token}.3.tmp")
+    for p in (dead_tmp, live_tmp, unlocked_tmp, foreign_tmp, config_tmp):
         p.write_bytes(b"partial")
-    tier.shutdown()
-    make_tier(primary())  # a restart of the tier sweeps
+    live = os.open(live_tmp, os.O_RDWR)
+    try:
+        assert _core.lock_tmp_file(live)
+        tier.shutdown()
+        make_tier(primary())  # a restart of the tier sweeps
+        assert live_tmp.exists()
+    finally:
+        os.close(live)
     assert not dead_tmp.exists()
     assert not config_tmp.exists()
-    assert live_tmp.exists()
+    assert not unlocked_tmp.exists()
     assert foreign_tmp.exists()
 
 
