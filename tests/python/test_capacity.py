@@ -24,6 +24,7 @@ from kvtier.tiering.fs.capacity import (
     block_file_bytes,
     parse_size,
 )
+from kvtier.tiering.fs.capacity import controller as capacity_controller
 from kvtier.tiering.fs.capacity.controller import DEFERRED
 from kvtier.tiering.fs.capacity.evictor import evict, evictor_lock
 from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, Base, LedgerState, UsageLedger
@@ -509,6 +510,51 @@ def test_blocks_deleted_behind_the_ledgers_back_are_recounted(tmp_path):
 
         wait_for(settled(t.tier), "eviction to finish")
         wait_for(agrees, "the ledger to agree with the files")
+    finally:
+        t.close()
+
+
+def test_a_store_settled_while_a_recount_scans_is_not_counted_twice(tmp_path, monkeypatch):
+    """A store in flight when a reconcile scan starts renames its file before the scan
+    reaches it and is settled after: the scan counts the file and the writer's record adds
+    it on top. The controller notices that the scan was raced and recounts once the root is
+    quiet, so the ledger becomes exact instead of staying a block above the files for
+    RECONCILE_SECONDS (deterministic form of the race the test above hits by chance)."""
+    t = Tier(tmp_path, max_bytes=16 * FILE, min_free_fraction=0)
+    ctrl = t.tier._capacity
+    try:
+        for i in range(12):
+            assert t.store(i).success
+        for path in block_paths(tmp_path):
+            path.unlink()  # behind the ledger's back: the next eviction scan recounts
+        assert ctrl.admit(1) is None  # a store in flight (its tmp file not written yet)
+        raced = threading.Event()
+        real_survey = capacity_controller.survey
+
+        def survey_racing_a_store(*args, **kwargs):
+            if not raced.is_set():
+                raced.set()
+                # The store renames its block before the scan lists the root, and is
+                # settled (in memory; its record later) while the scan runs.
+                (tmp_path / "raced.kvb").write_bytes(b"\0" * FILE)
+                ctrl.finish_store(1, 1)
+            return real_survey(*args, **kwargs)
+
+        monkeypatch.setattr(capacity_controller, "survey", survey_racing_a_store)
+        for i in range(100, 108):  # the ledger passes the watermark: a pass scans
+            assert t.store(i).success
+        wait_for(raced.is_set, "an eviction scan")
+        wait_for(settled(t.tier), "eviction to finish")
+
+        def exact() -> bool:
+            # This tier's record must show the raced store settled: before it does, the
+            # ledger can agree with the files by chance.
+            state = ledger(tmp_path)
+            mine = state.writers.get(ctrl._slot.id)
+            settled_here = mine is not None and mine.added == ctrl._added and not mine.writing
+            return settled_here and state.files == disk_bytes(tmp_path)
+
+        wait_for(exact, "an exact ledger")
     finally:
         t.close()
 

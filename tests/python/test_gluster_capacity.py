@@ -203,9 +203,9 @@ def test_killed_and_frozen_process_on_one_host_while_the_other_stores(gluster: V
         frozen_pid = inner_pid(frozen)
         time.sleep(2.0)  # both storing, taking the ledger and evictor locks
         os.kill(inner_pid(killed), signal.SIGKILL)
-        os.kill(frozen_pid, signal.SIGSTOP)
+        killed.wait(timeout=30)  # its locks die with it
+        freeze_outside_a_pass(frozen_pid, root[A])
         stopped = True
-        killed.wait(timeout=30)
         with Sampler(root[B]) as sampler:
             report = finish(
                 start_worker(
@@ -281,6 +281,37 @@ def test_lease_of_a_host_with_a_skewed_clock_does_not_take_the_budget(gluster: V
     assert max(sampler.samples) >= BUDGET // 2, (max(sampler.samples), BUDGET)
 
 
+def freeze_outside_a_pass(pid: int, root: Path) -> None:
+    """SIGSTOP ``pid`` at a moment it holds no evictor lock. A process frozen *holding the
+    evictor lock* keeps the election (alive by its lock), so no one evicts until it runs
+    again: other hosts' stores wait for room, then fail with ENOSPC. That is a known limit
+    (docs/tiers.md, "A frozen evictor"), not what the tests freezing a writer are about."""
+    lock_fd = os.open(root / ".kvtier" / "evictor.lock", os.O_RDONLY)
+    try:
+        for _ in range(400):
+            os.kill(pid, signal.SIGSTOP)
+            wait_stopped(pid)
+            if not lock_held(lock_fd):
+                return
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.01)
+        pytest.fail(f"process {pid} was in an eviction pass at every try")
+    finally:
+        os.close(lock_fd)
+
+
+def wait_stopped(pid: int) -> None:
+    """Until the SIGSTOP sent to ``pid`` has landed (signals are delivered asynchronously)."""
+    deadline = time.monotonic() + 10
+    while True:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t"):
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"process {pid} did not stop")
+        time.sleep(0.001)
+
+
 def test_process_frozen_holding_the_ledger_lock_stalls_no_other_host(gluster: Volume) -> None:
     """Host A's process is SIGSTOPped while it stores (holding its writer lock, perhaps
     mid-write of its record); host B's process must still store and load within 20 s
@@ -294,9 +325,10 @@ def test_process_frozen_holding_the_ledger_lock_stalls_no_other_host(gluster: Vo
         _ready(holder)
         pid = inner_pid(holder)
         # No lock on the ledger is ever held for long (records are replaced by rename):
-        # freeze A's process mid-store, holding whatever it holds (its writer lock at least).
+        # freeze A's process mid-store, holding its writer lock and its reservation -- but
+        # not in an eviction pass (see freeze_outside_a_pass).
         time.sleep(0.5)
-        os.kill(pid, signal.SIGSTOP)
+        freeze_outside_a_pass(pid, root[A])
         stopped = True
         report = finish(
             start_worker(

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from kvtier import _core
 from kvtier.gpu import GPUStorageTransfer, cuda_available
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.factory import SecondaryTierFactory
+from kvtier.tiering.fs.capacity import controller as capacity_controller
 from kvtier.tiering.spec import OffloadingSpec
 
 CTX = ReqContext("req-0")
@@ -592,3 +594,37 @@ def test_transfer_takes_capacity_options(make_transfer, collect_results):
     kv[0][5].zero_()
     loaded = run_job(transfer, collect_results, transfer.load, 3, [5], [key(0)])
     assert loaded.success and torch.equal(kv[0][5], kv[0][0])
+
+
+def test_store_waiting_for_budget_does_not_hold_the_callers_thread(
+    make_transfer, collect_results, monkeypatch
+):
+    """With the budget full and eviction not yet able to make room, store() returns at
+    once (the store waits on the capacity thread, as the fs tier's does); once eviction
+    makes room the store is submitted from there and reported exactly once."""
+    room = threading.Event()
+    evicting = threading.Event()
+    real_evict = capacity_controller.evict
+
+    def evict_once_room_is_allowed(*args, **kwargs):
+        evicting.set()
+        assert room.wait(60), "the test never let eviction make room"
+        return real_evict(*args, **kwargs)
+
+    monkeypatch.setattr(capacity_controller, "evict", evict_once_room_is_allowed)
+    kv = [rand((8, 4096), torch.uint8, seed=7)]
+    file_bytes = 4096 + 4096  # header + one page of payload
+    transfer = make_transfer(kv, max_bytes=3 * file_bytes, eviction="lru", min_free_fraction=0)
+    keys = [key(0), key(1), key(2)]
+    full = run_job(transfer, collect_results, transfer.store, 1, [0, 1, 2], keys)
+    assert full.success, full.error
+    assert evicting.wait(60), "a full budget asked for no eviction"
+    transfer.store(2, [3], [key(3)])  # the budget has no room until `room` is set
+    returned_before_room = not room.is_set()
+    assert transfer.get_finished() == []  # not refused: waiting for room
+    room.set()
+    assert returned_before_room
+    stored = collect_results(transfer, [2])[2]
+    assert stored.success, stored.error
+    transfer.drain()
+    assert transfer.get_finished() == []  # reported once

@@ -22,6 +22,7 @@ from kvtier.gpu.options import GPUTransferOptions
 from kvtier.gpu.writable import read_only_tensor
 from kvtier.tiering.base import JobId, JobResult, OffloadKey
 from kvtier.tiering.fs.capacity import CapacityController
+from kvtier.tiering.fs.capacity.controller import Deferred
 from kvtier.tiering.fs.engine import EngineIoReport, open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper
 from kvtier.tiering.fs.oserror import naming
@@ -105,7 +106,10 @@ class GPUStorageTransfer(EngineIoReport):
         # Stop the capacity thread even if the transfer is dropped without shutdown().
         self._finalizer = weakref.finalize(self, _close, self._capacity, self._owner_pid)
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
-        self._admitted: set[JobId] = set()
+        self._admitted_jobs: set[JobId] = set()
+        # Stores whose admission is not answered yet (waiting for budget): drain() waits.
+        self._admissions = threading.Condition()
+        self._admitting = 0
         self._failure_log = RateLimitedLog(logger)
         self._lock = threading.Lock()
 
@@ -149,31 +153,99 @@ class GPUStorageTransfer(EngineIoReport):
                 )
             self._keys[job_id] = keys
         if store and keys:
+            # Admission touches only memory; a store the budget has no room for yet is
+            # submitted later from the capacity thread, or fails there (never waits here).
+            with self._admissions:
+                self._admitting += 1
             try:
-                refusal = self._capacity.admit(len(keys))
+                answer = self._capacity.admit(
+                    len(keys),
+                    lambda refusal: self._admitted(job_id, keys, ids, paths, stream, refusal, True),
+                )
             except OSError as e:  # the ledger's disk fails: a failed job, never a raise
-                refusal = f"capacity ledger: {e.strerror or e} (errno {e.errno})"
-            if refusal is not None:
-                error = f"store: {refusal}"
-                self._failure_log.error("Job %s block I/O failed: %s", job_id, error)
-                with self._lock:  # the id stays taken until get_finished() hands this out
-                    self._refused.append(JobResult(job_id, False, error=error))
-                return
-            with self._lock:
-                self._admitted.add(job_id)
+                answer = f"capacity ledger: {e.strerror or e} (errno {e.errno})"
+            except BaseException:
+                self._admission_done()
+                with self._lock:
+                    del self._keys[job_id]
+                raise
+            if not isinstance(answer, Deferred):
+                self._admission_done()
+                self._admitted(job_id, keys, ids, paths, stream, answer, False)
+            return
         if not store:
             self._capacity.record_use(paths)
+        self._submit_blocks(job_id, direction, keys, ids, paths, stream)
+
+    def _admitted(
+        self,
+        job_id: JobId,
+        keys: tuple[OffloadKey, ...],
+        ids: Any,
+        paths: list[str],
+        stream: int,
+        refusal: str | None,
+        deferred: bool,
+    ) -> None:
+        """A store's admission: submit it, or report it failed. Runs on the caller's thread
+        or, when the store waited for budget, on the capacity thread (where nothing may
+        raise: a failure is the job's result)."""
+        if deferred:
+            try:
+                if refusal is not None:
+                    self._refuse(job_id, f"store: {refusal}")
+                    return
+                with self._lock:
+                    self._admitted_jobs.add(job_id)
+                self._submit_blocks(job_id, _core.Direction.STORE, keys, ids, paths, stream, True)
+            finally:
+                self._admission_done()
+            return
+        if refusal is not None:
+            self._refuse(job_id, f"store: {refusal}")
+            return
+        with self._lock:
+            self._admitted_jobs.add(job_id)
+        self._submit_blocks(job_id, _core.Direction.STORE, keys, ids, paths, stream)
+
+    def _refuse(self, job_id: JobId, error: str) -> None:
+        self._failure_log.error("Job %s block I/O failed: %s", job_id, error)
+        with self._lock:  # the id stays taken until get_finished() hands this out
+            self._refused.append(JobResult(job_id, False, error=error))
+
+    def _admission_done(self) -> None:
+        with self._admissions:
+            self._admitting -= 1
+            self._admissions.notify_all()
+
+    def _submit_blocks(
+        self,
+        job_id: JobId,
+        direction: Any,
+        keys: tuple[OffloadKey, ...],
+        ids: Any,
+        paths: list[str],
+        stream: int,
+        deferred: bool = False,
+    ) -> None:
+        """Hand the job to the engine. On the caller's thread a failure frees the id and
+        raises; a deferred store's failure (the capacity thread's) is the job's result."""
         try:
             self._engine.submit_blocks(
                 job_id, direction, paths, list(keys), ids, self.layout, stream
             )
         except BaseException as e:
             with self._lock:
-                del self._keys[job_id]
-                admitted = job_id in self._admitted
-                self._admitted.discard(job_id)
+                admitted = job_id in self._admitted_jobs
+                self._admitted_jobs.discard(job_id)
+                if not deferred:
+                    del self._keys[job_id]
             if admitted:
                 self._capacity.finish_store(len(keys), 0)
+            if deferred:
+                shut = isinstance(e, ShutDownError)
+                self._refuse(job_id, f"store: {'GPUStorageTransfer is shut down' if shut else e}")
+                return
             if isinstance(e, ShutDownError):
                 raise ShutDownError(
                     "GPUStorageTransfer is shut down; store/load refused (create a new one)"
@@ -191,8 +263,8 @@ class GPUStorageTransfer(EngineIoReport):
         for c in self._engine.pop_completions():
             with self._lock:
                 keys = self._keys.pop(c.job_id, ())
-                admitted = c.job_id in self._admitted
-                self._admitted.discard(c.job_id)
+                admitted = c.job_id in self._admitted_jobs
+                self._admitted_jobs.discard(c.job_id)
             if admitted:  # c.bytes counts the payload of each file the store created
                 new_blocks = c.bytes // max(1, self.block_bytes)
                 self._capacity.finish_store(len(keys), new_blocks)
@@ -221,7 +293,11 @@ class GPUStorageTransfer(EngineIoReport):
     @owner_process_only
     def drain(self) -> None:
         """Block until every job submitted before the call has finished (results stay for
-        get_finished); jobs submitted meanwhile by other threads are not waited for."""
+        get_finished); jobs submitted meanwhile by other threads are not waited for. Stores
+        waiting for budget are waited for too (answered within STORE_WAIT_SECONDS)."""
+        with self._admissions:
+            while self._admitting:
+                self._admissions.wait(0.01)
         self._engine.drain()
 
     def shutdown(self) -> None:

@@ -108,6 +108,7 @@ _ADAPTER_OPTIONS: tuple[str, ...] = ("locality", "enable_kv_events")
 # labelled by root_dir: several kvtier tiers may be configured.
 _GAUGES = {
     "used_bytes": "Bytes of block files under the kvtier root, as its usage ledger counts them.",
+    "reserved_bytes": "Budget kvtier tiers on the root hold for stores not yet submitted.",
     "capacity_bytes": "max_bytes of the kvtier root (0: no byte budget).",
 }
 _COUNTERS = {

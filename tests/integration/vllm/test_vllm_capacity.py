@@ -62,7 +62,8 @@ def test_capacity_counters_reach_vllm_metrics(
     config = make_tier_config(tmp_path, max_bytes=BUDGET)
     engine = make_engine([config])
     definitions = TieringOffloadingSpec.build_metric_definitions(engine.spec.config.extra_config)
-    for name in ("used_bytes", "capacity_bytes", "evicted_blocks", "evicted_bytes"):
+    gauges = ("used_bytes", "reserved_bytes", "capacity_bytes")
+    for name in (*gauges, "evicted_blocks", "evicted_bytes"):
         assert f"vllm:kvtier_{name}" in definitions
     fill(engine, 12)
     until(lambda: engine.tier.stats()["evicted_blocks"] > 0, "evictions")
@@ -71,6 +72,9 @@ def test_capacity_counters_reach_vllm_metrics(
     root = str(tmp_path)
     assert reduced[f"vllm:kvtier_capacity_bytes:('{root}',)"] == BUDGET
     assert 0 < reduced[f"vllm:kvtier_used_bytes:('{root}',)"] <= BUDGET
+    # Reservations are their own gauge, never part of used_bytes (tiers.md, "Capacity").
+    reserved = reduced[f"vllm:kvtier_reserved_bytes:('{root}',)"]
+    assert 0 <= reserved <= BUDGET
     assert reduced[f"vllm:kvtier_evicted_blocks:('{root}',)"] > 0
     with engine.manager.lock:
         again = engine.manager.get_stats()
@@ -121,6 +125,7 @@ def test_capacity_metrics_in_the_prometheus_exposition(
     labels = {"model_name": "kvtier-test", "engine": "0", "root_dir": str(tmp_path)}
     for name in (
         "vllm:kvtier_used_bytes",
+        "vllm:kvtier_reserved_bytes",
         "vllm:kvtier_capacity_bytes",
         "vllm:kvtier_evicted_blocks_total",
         "vllm:kvtier_evicted_bytes_total",
@@ -133,6 +138,7 @@ def test_capacity_metrics_in_the_prometheus_exposition(
     stats_now = engine.tier.stats()
     assert samples["vllm:kvtier_capacity_bytes"].value == BUDGET
     assert 0 < samples["vllm:kvtier_used_bytes"].value <= BUDGET
+    assert 0 <= samples["vllm:kvtier_reserved_bytes"].value <= BUDGET
     evicted = samples["vllm:kvtier_evicted_blocks_total"].value
     assert 0 < evicted <= stats_now["evicted_blocks"]
     assert samples["vllm:kvtier_evicted_bytes_total"].value == evicted * FILE

@@ -141,6 +141,12 @@ class CapacityController:
         self._reconciled_at = time.monotonic()
         self._reaped_at = 0.0
         self._recount = not self._state.complete
+        # The last reconcile scan was raced by stores (one may be both scanned and settled
+        # on top): recount once the root is quiet (_quiet). ``_last_added`` is "added" as
+        # the previous tick read it.
+        self._recheck = False
+        self._last_added = -1
+        self._quiet_ticks = 0
         # Least recently used blocks found by the last scan, oldest first, not yet tried.
         self._candidates: list[FileEntry] = []
         self._candidate_bytes = 0
@@ -363,6 +369,7 @@ class CapacityController:
         st = os.statvfs(self.root)
         self._observe(st)
         self._state = self.ledger.read()
+        self._watch_quiet(self._state)
         self._serve(st)
         self._expire()
         with self._lock:
@@ -494,11 +501,36 @@ class CapacityController:
                 self._wake.wait(min(left, TICK_SECONDS))
         return True
 
+    def _watch_quiet(self, state: LedgerState) -> None:
+        """Count the ticks in a row that saw no store of any writer in flight or settled."""
+        with self._lock:
+            mine_idle = self._inflight == 0 and not self._waiting
+        if mine_idle and state.writing == 0 and state.added == self._last_added:
+            self._quiet_ticks += 1
+        else:
+            self._quiet_ticks = 0
+        self._last_added = state.added
+
+    def _quiet(self) -> bool:
+        """Whether a scan now would be exact: no store in flight here, and for two ticks no
+        writer's record showed one in flight or a change of "added" (another process's
+        record follows its stores within its tick)."""
+        with self._lock:
+            mine_idle = self._inflight == 0 and not self._waiting
+        return mine_idle and self._quiet_ticks >= 2
+
+    def _reconcile_due(self) -> bool:
+        return (
+            self._recount
+            or time.monotonic() - self._reconciled_at > RECONCILE_SECONDS
+            or (self._recheck and self._quiet())
+        )
+
     def _maybe_pass(self, asked: bool, st: os.statvfs_result) -> None:
         budget_need = self.policy.budget_need(self._demand(self._state, st))
         free_need = self._free_demand(st)
         now = time.monotonic()
-        due = self._recount or now - self._reconciled_at > RECONCILE_SECONDS
+        due = self._reconcile_due()
         reap = len(self._state.writers) > 1 and now - self._reaped_at > REAP_SECONDS
         lru = self.policy.eviction == "lru"
         if due or reap or (lru and (budget_need or free_need or asked)):
@@ -516,6 +548,7 @@ class CapacityController:
             with self._lock:
                 record = self._record()
             self._slot.write(record)  # finished stores first: the scan counts their files
+            before = self._racers(record)
             self._reaped_at = time.monotonic()
             state, uncertain = self.ledger.reap_dead(self.ledger.read(), keep=self._slot.id)
             self._recount = self._recount or uncertain
@@ -524,7 +557,7 @@ class CapacityController:
             lru = self.policy.eviction == "lru"
             budget_need = self.policy.budget_need(self._demand(state, st))
             need = max(budget_need, self._free_demand(st)) if lru else 0
-            due = self._recount or time.monotonic() - self._reconciled_at > RECONCILE_SECONDS
+            due = self._reconcile_due()
             if not need and not due:
                 return
             # The last scan's candidates serve until they run out (then the pass scans again
@@ -548,6 +581,13 @@ class CapacityController:
                     self._state = self.ledger.reconcile(found.block_bytes, state.added)
                     self._recount = False
                     self._reconciled_at = time.monotonic()
+                    # A store that renamed its file before the scan reached it and was
+                    # settled in a record after the scan began is counted twice (by the
+                    # scan and on top): only a scan no store raced is exact.
+                    with self._lock:
+                        record = self._record()
+                    after = self._racers(record, self._state)
+                    self._recheck = before != after or not _idle(before)
             if not lru:
                 return
             st = os.statvfs(self.root)
@@ -565,6 +605,16 @@ class CapacityController:
                     self._evict_candidates(need - freed)
                 self._pass_seconds = time.monotonic() - started
             self._observe(os.statvfs(self.root))
+
+    def _racers(
+        self, mine: WriterRecord, state: LedgerState | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """Every writer's (added, writing): this instance's from memory (``mine``), the
+        others' from their records (read now, or from ``state``)."""
+        state = self.ledger.read() if state is None else state
+        seen = {w: (r.added, r.writing) for w, r in state.writers.items()}
+        seen[self._slot.id] = (mine.added, mine.writing)
+        return seen
 
     def _scan(self, keep_candidates: bool) -> Survey:
         """Survey the root; with ``keep_candidates``, every block (oldest first, up to
@@ -647,6 +697,10 @@ class CapacityController:
         self.request_eviction()
         if self._thread is not threading.current_thread():
             self._exited.wait(CLOSE_WAIT_SECONDS)
+
+
+def _idle(racers: dict[str, tuple[int, int]]) -> bool:
+    return all(writing == 0 for _, writing in racers.values())
 
 
 def _in_use_here(identity: tuple[int, int]) -> Callable[[str], bool]:
