@@ -158,7 +158,11 @@ KV_TEST(tmp_file_names_match_the_pattern_and_locks_tell_liveness) {
   const std::string prefix = "abc.kvb." + kvtier::host_label() + "." + std::to_string(::getpid());
   CHECK_MSG(name.rfind(prefix + ".", 0) == 0, name);
   CHECK_MSG(name.size() > prefix.size() + 5 && name.substr(name.size() - 4) == ".tmp", name);
-  const std::string n = name.substr(prefix.size() + 1, name.size() - prefix.size() - 5);
+  // <token>.<n>: 16 lowercase hex digits, then the counter.
+  const std::string rest = name.substr(prefix.size() + 1, name.size() - prefix.size() - 5);
+  CHECK_MSG(rest.size() > 17 && rest[16] == '.', name);
+  const std::string token = rest.substr(0, 16), n = rest.substr(17);
+  CHECK_MSG(token.find_first_not_of("0123456789abcdef") == std::string::npos, name);
   CHECK_MSG(!n.empty() && n.find_first_not_of("0123456789") == std::string::npos, name);
   CHECK(kvtier::tmp_file_name("abc.kvb") != name);
 

@@ -303,8 +303,8 @@ def _worker(spec: dict[str, Any]) -> None:
             elif "errno 2)" in (r.error or "") or "No such file" in (r.error or ""):
                 report["missing"] += 1  # evicted meanwhile: a miss, not an error
             elif "errno 116)" in (r.error or ""):
-                # Evicted through another mount: GlusterFS answers ESTALE, not ENOENT, when
-                # the file went after this client looked the name up. Also a miss.
+                # Evicted through another mount after the open: a read may still meet
+                # ESTALE (at the open the core already reports ENOENT). Also a miss.
                 report["stale"] += 1
             else:
                 report["load_errors"].append(r.error)

@@ -427,6 +427,34 @@ def test_open_failure_fails_store_and_load(interposer: Path, tmp_path: Path, err
 # read path
 
 
+def test_estale_on_opening_a_block_to_load_is_a_miss_like_enoent(
+    interposer: Path, tmp_path: Path
+) -> None:
+    # What an NFS-like client answers for a name it looked up before another host evicted
+    # the file: the load must report the block absent (ENOENT), as docs/tiers.md promises.
+    root = tmp_path / "root"
+    names = ["a", "victim", "c"]
+    stored = run_child(
+        interposer,
+        {"root": str(root), "jobs": store_then_load(root, names)[:1]},
+        "open",
+        match="/nothing-matches/",
+    )
+    assert stored.job(1)["success"], stored.job(1)["error"]
+    spec = {"root": str(root), "jobs": store_then_load(root, names)[1:]}
+    child = run_child(interposer, spec, "open", match="/ab/victim.kvb", err=errno.ESTALE)
+    assert any("victim.kvb" in line for line in child.injected), child.injected
+    load = child.job(2)
+    assert not load["success"]
+    assert load["block_errnos"] == [0, errno.ENOENT, 0]
+    assert load["errno"] == errno.ENOENT and load["operation"] == "open"
+    assert load["path"] == block(root, "victim")
+    assert "stale file handle: treated as absent" in load["message"], load["message"]
+    assert load["data_ok"][0] and load["data_ok"][2]
+    assert Path(block(root, "victim")).exists()  # nothing removed for it
+    assert child.result["stats"]["corrupt_files_removed"] == 0
+
+
 @pytest.mark.parametrize("o_direct", [False, True])
 def test_eio_on_pread_fails_the_load_and_keeps_the_file(
     interposer: Path, tmp_path: Path, o_direct: bool

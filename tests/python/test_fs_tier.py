@@ -446,17 +446,26 @@ def test_tmp_files_of_dead_processes_are_swept(make_tier, tmp_path):
     host = socket.gethostname().split(".")[0]
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=120)  # reaped: its pid is free
-    dead_tmp = Path(f"{final}.{host}.{dead.pid}.0.tmp")
-    live_tmp = Path(f"{final}.{host}.{os.getpid()}.1.tmp")
-    foreign_tmp = Path(f"{final}.otherhost-{host}.{dead.pid}.2.tmp")
-    config_tmp = Path(f"{tier.file_mapper.config_path}.{host}.{dead.pid}.3.tmp")
-    for p in (dead_tmp, live_tmp, foreign_tmp, config_tmp):
+    token = "0123456789abcdef"
+    dead_tmp = Path(f"{final}.{host}.{dead.pid}.{token}.0.tmp")
+    live_tmp = Path(f"{final}.{host}.{dead.pid}.{token}.1.tmp")  # locked: its writer runs
+    # Unlocked though its pid runs here: the pid is informational, the lock is liveness.
+    unlocked_tmp = Path(f"{final}.{host}.{os.getpid()}.{token}.4.tmp")
+    foreign_tmp = Path(f"{final}.otherhost-{host}.{dead.pid}.{token}.2.tmp")
+    config_tmp = Path(f"{tier.file_mapper.config_path}.{host}.{dead.pid}.{token}.3.tmp")
+    for p in (dead_tmp, live_tmp, unlocked_tmp, foreign_tmp, config_tmp):
         p.write_bytes(b"partial")
-    tier.shutdown()
-    make_tier(primary())  # a restart of the tier sweeps
+    live = os.open(live_tmp, os.O_RDWR)
+    try:
+        assert _core.lock_tmp_file(live)
+        tier.shutdown()
+        make_tier(primary())  # a restart of the tier sweeps
+        assert live_tmp.exists()
+    finally:
+        os.close(live)
     assert not dead_tmp.exists()
     assert not config_tmp.exists()
-    assert live_tmp.exists()
+    assert not unlocked_tmp.exists()
     assert foreign_tmp.exists()
 
 
@@ -501,3 +510,31 @@ def test_o_direct_fallback_warns_once(tmp_path, caplog):
         assert sum("O_DIRECT" in r.getMessage() for r in caplog.records) == 1
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("io_engine_name", ["psync", "io_uring"])
+def test_after_shutdown_the_volume_unmounts_with_the_tier_still_referenced(
+    tmp_path, collect_results, io_uring_refused, io_engine_name
+):
+    if io_engine_name == "io_uring" and io_uring_refused:
+        pytest.skip(f"io_uring refused here: {io_uring_refused}")
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount(8) for a tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {proc.stderr.decode().strip()}")
+    try:
+        config = {"type": "fs", "root_dir": str(mnt / "root"), "io_engine": io_engine_name}
+        data = primary()
+        tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(data), SPEC)
+        store(tier, collect_results, 1, [key(1), key(2)], [1, 2])
+        tier.shutdown()
+        # `tier` is still referenced here: shutdown() alone must let go of the volume.
+        umount = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
+        assert umount.returncode == 0, umount.stderr
+        assert tier.file_mapper is not None
+    finally:
+        if os.path.ismount(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

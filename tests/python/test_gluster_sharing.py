@@ -173,20 +173,22 @@ def test_ranks_on_two_hosts_share_a_namespace_not_their_blocks(gluster: Volume) 
     assert stat.S_ISDIR((d[A] / dir0.parent.name / dir1.name).stat().st_mode)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 18 item 3: tmp names are <name>.<host>.<pid>.<n>.tmp, so two containers of "
-    "one host name (both pid 1) pick the same name: a tier starting while the other creates "
-    "config.json fails with EEXIST (seen when two such processes started at once)",
-)
 def test_container_of_the_same_host_name_creating_config_does_not_fail_a_start(
     gluster: Volume,
 ) -> None:
     d = gluster.fresh_dir("share-same-host")
     namespace = Path(mapper(d[A]).namespace_dir)
     namespace.mkdir(parents=True, mode=0o700)
-    # What the other container (host A, pid 1, its first tmp file) has open right now.
-    (namespace / "config.json.hostA.1.0.tmp").write_bytes(b"{")
+    # What the other container (host A, pid 1, its first tmp file) has open right now: the
+    # name its process really draws.
+    proc = subprocess.run(
+        [*host_prefix(A), sys.executable, "-c",
+         "from kvtier import _core; print(_core.tmp_file_name('config.json'))"],
+        check=True, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+    )  # fmt: skip
+    theirs = proc.stdout.strip()
+    assert theirs.startswith("config.json.hostA.1."), theirs
+    (namespace / theirs).write_bytes(b"{")
     out = run_on_host(A, d[A], [("store", [1]), ("load", [1])])
     assert out["error"] is None, out["error"]
     assert out["results"][1]["data_ok"] == [True], out["results"]

@@ -234,7 +234,7 @@ def test_a_tmp_file_removed_before_it_was_locked_is_written_under_a_new_name(
 
 def test_a_forked_child_names_tmp_files_with_its_own_pid() -> None:
     def pid_of(name: str) -> int:
-        return int(name.rsplit(".", 3)[1])
+        return int(name.rsplit(".", 4)[1])
 
     assert pid_of(core.tmp_file_name("x.kvb")) == os.getpid()
     read, write = os.pipe()

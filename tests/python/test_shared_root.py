@@ -29,9 +29,11 @@ from typing import Any
 import numpy as np
 import pytest
 from kvtier import _core
+from kvtier.errors import StorageError
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.factory import SecondaryTierFactory
 from kvtier.tiering.fs.file_mapper import (
+    CONFIG_FILE_NAME,
     FileMapper,
     host_label,
     parse_tmp_file_name,
@@ -483,5 +485,111 @@ def test_tmp_file_names_round_trip_through_the_shared_pattern() -> None:
     assert parsed is not None and parsed[:3] == ("abc.kvb", host_label(), os.getpid())
     assert parse_tmp_file_name(second).n != parsed.n
     assert parse_tmp_file_name("abc.kvb") is None
-    name = f"config.json.{host_label()}.12.3.tmp"
-    assert parse_tmp_file_name(name) == ("config.json", host_label(), 12, 3)
+    assert len(parsed.token) == 16 and parse_tmp_file_name(second).token == parsed.token
+    name = f"config.json.{host_label()}.12.00ff00ff00ff00ff.3.tmp"
+    assert parse_tmp_file_name(name) == ("config.json", host_label(), 12, "00ff00ff00ff00ff", 3)
+    # The form before the token: not a name any writer of this format makes.
+    assert parse_tmp_file_name(f"config.json.{host_label()}.12.3.tmp") is None
+
+
+def test_a_forked_child_draws_its_own_tmp_name_token() -> None:
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        try:
+            os.write(write, tmp_file_name("x.kvb").encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        theirs = parse_tmp_file_name(pipe.read())
+    os.waitpid(child, 0)
+    ours = parse_tmp_file_name(tmp_file_name("x.kvb"))
+    assert theirs is not None and ours is not None
+    assert theirs.pid == child and theirs.token != ours.token
+
+
+# Run before TIER_CHILD: with KVTIER_TEST_LINK_GATE set, the tier's config.json tmp file is
+# made (and locked) and then the link into place waits until the gate path exists, so a test
+# can hold one process in the middle of creating config.json.
+LINK_PAUSE = textwrap.dedent(
+    """
+    import os, time
+    _gate = os.environ.get("KVTIER_TEST_LINK_GATE")
+    if _gate:
+        _real_link = os.link
+        def _paused_link(*args, **kwargs):
+            open(os.environ["KVTIER_TEST_LINK_READY"], "w").close()
+            while not os.path.exists(_gate):
+                time.sleep(0.01)
+            return _real_link(*args, **kwargs)
+        os.link = _paused_link
+    """
+)
+
+
+def test_containers_of_one_host_name_create_config_at_once(tmp_path: Path) -> None:
+    # Two containers with one host name: own UTS and PID namespaces, each tier is pid 1.
+    needs_root()
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) not installed")
+    root, gate, ready = tmp_path / "root", tmp_path / "gate", tmp_path / "ready"
+    spec = {"root": str(root), "ops": [("store", [1]), ("load", [1])], "options": {},
+            "umask": 0o022, "user": None}  # fmt: skip
+    container = ["unshare", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child",
+                 "sh", "-c", 'hostname same && exec "$@"', "sh", sys.executable, "-c"]  # fmt: skip
+    first = subprocess.Popen(
+        [*container, LINK_PAUSE + TIER_CHILD, json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, KVTIER_TEST_LINK_GATE=str(gate), KVTIER_TEST_LINK_READY=str(ready)),
+        cwd="/",
+    )
+    try:
+        deadline = time.monotonic() + CHILD_TIMEOUT_S
+        while not ready.exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the first container never made config.json"
+            time.sleep(0.02)
+        namespace = Path(mapper(root).namespace_dir)
+        (held,) = [parse_tmp_file_name(p.name) for p in namespace.glob("config.json.*.tmp")]
+        assert held is not None and held.host == "same" and held.pid == 1
+        second = subprocess.run(
+            [*container, TIER_CHILD, json.dumps(spec)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+            cwd="/",
+        )
+        gate.touch()
+        out, err = first.communicate(timeout=CHILD_TIMEOUT_S)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert first.returncode == 0, err[-4000:]
+    for result in (
+        json.loads(second.stdout.strip().splitlines()[-1]),
+        json.loads(out.strip().splitlines()[-1]),
+    ):
+        assert result["error"] is None, result["error"]
+        assert result["results"][1]["data_ok"] == [True], result["results"]
+    assert list(namespace.glob("config.json.*")) == []
+
+
+def test_a_config_that_cannot_be_created_is_named_by_its_full_path(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    namespace = Path(mapper(root).namespace_dir)
+    namespace.mkdir(parents=True, mode=0o700)
+    # A file in the way of this process's next tmp name: what a collision would meet.
+    parsed = parse_tmp_file_name(tmp_file_name(CONFIG_FILE_NAME))
+    assert parsed is not None
+    name = f"{parsed.final}.{parsed.host}.{parsed.pid}.{parsed.token}.{parsed.n + 1}.tmp"
+    (namespace / name).write_bytes(b"{")
+    with pytest.raises(StorageError) as caught:
+        FileMapper(str(root), SPEC, ROW).prepare(0o600)
+    assert caught.value.errno == errno.EEXIST
+    assert caught.value.filename == str(namespace / name)

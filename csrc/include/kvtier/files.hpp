@@ -18,15 +18,19 @@ inline namespace KVTIER_ABI_NAMESPACE {
 KVTIER_EXPORT mode_t directory_mode(mode_t file_mode) noexcept;
 
 /// Regular expression (the subset Python's `re` and ECMAScript share) matching the name of a
-/// tmp file: `<final name>.<host>.<pid>.<n>.tmp`, groups 1 to 4 in that order. Python's sweep
-/// and capacity code match with it (kvtier._core.TMP_FILE_PATTERN); tmp_file_name() writes it.
+/// tmp file: `<final name>.<host>.<pid>.<token>.<n>.tmp` (token: 16 lowercase hex digits),
+/// groups 1 to 5 in that order. Python's sweep and capacity code match with it
+/// (kvtier._core.TMP_FILE_PATTERN); tmp_file_name() writes it.
 KVTIER_EXPORT extern const char kTmpFilePattern[];
 
 /// The host part of tmp file names: the first label of the host name ("localhost" if unknown).
 KVTIER_EXPORT std::string host_label();
 
-/// A fresh tmp file name for `final_name` in the same directory, unique within this host:
-/// `<final_name>.<host_label()>.<pid>.<n>.tmp` with `n` from a process-wide counter.
+/// A fresh tmp file name for `final_name` in the same directory:
+/// `<final_name>.<host_label()>.<pid>.<token>.<n>.tmp` with `token` 64 random bits drawn once
+/// per process (again after a fork) and `n` from a process-wide counter. The token makes it
+/// unique whatever the pid and host name (containers of one host name, each writer pid 1);
+/// the host tells a sweep whose files it may judge, the pid is informational.
 KVTIER_EXPORT std::string tmp_file_name(const std::string& final_name);
 
 /// Marks a freshly created tmp file as written by a live process: an OFD write lock on the

@@ -246,6 +246,9 @@ void Engine::shutdown() {
     if (t.joinable()) t.join();
   s.workers.clear();
   s.staging.release_all();  // no worker holds a lease any more
+  // Nothing runs a block operation any more (a later submit is refused): let go of the root
+  // directory, so the volume it lies on can be unmounted without dropping the engine.
+  s.root = detail::RootDir();
 }
 
 bool Engine::is_shut_down() const noexcept {

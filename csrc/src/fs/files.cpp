@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 
 #include <kvtier/error.hpp>
 
@@ -20,7 +22,8 @@ mode_t directory_mode(mode_t file_mode) noexcept {
   return (file_mode | ((file_mode & 0444) >> 2)) & 0777;
 }
 
-const char kTmpFilePattern[] = R"(^(.+)\.([^./]+)\.([0-9]+)\.([0-9]+)\.tmp$)";
+const char kTmpFilePattern[] =
+    R"(^(.+)\.([^./]+)\.([0-9]+)\.([0-9a-f]{16})\.([0-9]+)\.tmp$)";
 
 std::string host_label() {
   char name[256] = {};
@@ -35,8 +38,12 @@ std::string tmp_file_name(const std::string& final_name) {
   static const std::string host = host_label();
   // Process-wide, so two engines (or an engine and the Python side) never pick the same name.
   static std::atomic<std::uint64_t> counter{0};
-  return final_name + "." + host + "." + std::to_string(detail::current_pid()) + "." +
-         std::to_string(counter.fetch_add(1, std::memory_order_relaxed)) + ".tmp";
+  // The token, not the pid or the host, makes the name unique: containers of one host name
+  // each run as pid 1 in their own PID namespace. The pid is there for people only.
+  char token[17];
+  std::snprintf(token, sizeof(token), "%016" PRIx64, detail::process_token());
+  return final_name + "." + host + "." + std::to_string(detail::current_pid()) + "." + token +
+         "." + std::to_string(counter.fetch_add(1, std::memory_order_relaxed)) + ".tmp";
 }
 
 int lock_tmp_file(int fd) noexcept {

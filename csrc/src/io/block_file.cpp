@@ -131,6 +131,9 @@ bool locate(const IoContext& ctx, const std::string& path, bool create, Location
     // A missing directory is a missing block; anything else names the entry in the way.
     if (e.error == ENOENT) {
       result = failure(ENOENT, "open", path);
+    } else if (e.error == ESTALE && !create) {
+      // A directory another host removed, looked up here before (see open_at).
+      result = failure(ENOENT, "open", path, "stale file handle: treated as absent");
     } else {
       result = failure(e.error, e.operation, e.path,
                        e.error == ELOOP || e.error == EXDEV || e.error == ENOTDIR
@@ -167,6 +170,12 @@ FileDescriptor open_at(const IoContext& ctx, const Location& loc, const std::str
       direct = false;
       result.o_direct_fallback = true;
       continue;
+    }
+    // NFS-like clients answer ESTALE for a name they looked up before another host removed
+    // the file (an eviction): for a load that is a missing block, as ENOENT is.
+    if (error == ESTALE && !(flags & O_CREAT)) {
+      result = failure(ENOENT, "open", loc.path_of(name), "stale file handle: treated as absent");
+      return {};
     }
     result = failure(error, "open", loc.path_of(name),
                      error == ELOOP ? "found a symbolic link where a block file belongs; links "

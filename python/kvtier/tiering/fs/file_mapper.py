@@ -17,8 +17,8 @@ Path of a block (docs/FORMAT.md is the normative description)::
 
 Files of the tier, for code that walks a namespace (sweep, capacity): a *block file* is a
 regular file whose name ends in :data:`BLOCK_SUFFIX`; a *tmp file* is one that
-:func:`parse_tmp_file_name` accepts (``<final>.<host>.<pid>.<n>.tmp``, the pattern the native
-core defines); :func:`tmp_writer_alive` tells whether its writer may still rename it. Every
+:func:`parse_tmp_file_name` accepts (``<final>.<host>.<pid>.<token>.<n>.tmp``, the pattern the
+native core defines); :func:`tmp_writer_alive` tells whether its writer may still rename it. Every
 directory the tier creates has mode ``_core.directory_mode(file_mode)``.
 """
 
@@ -58,16 +58,17 @@ def is_block_file_name(name: str) -> bool:
 
 
 def tmp_file_name(final_name: str) -> str:
-    """A fresh tmp name for ``final_name`` (same directory), unique on this host."""
+    """A fresh tmp name for ``final_name`` (same directory), unique by a per-process token."""
     return str(_core.tmp_file_name(final_name))
 
 
 class TmpFileName(NamedTuple):
-    """The parts of ``<final>.<host>.<pid>.<n>.tmp``."""
+    """The parts of ``<final>.<host>.<pid>.<token>.<n>.tmp``."""
 
     final: str
     host: str
-    pid: int
+    pid: int  # in the writer's PID namespace: informational only
+    token: str  # 16 hex digits, random per process: what makes the name unique
     n: int
 
 
@@ -76,7 +77,7 @@ def parse_tmp_file_name(name: str) -> TmpFileName | None:
     m = TMP_FILE_RE.match(name)
     if m is None:
         return None
-    return TmpFileName(m.group(1), m.group(2), int(m.group(3)), int(m.group(4)))
+    return TmpFileName(m.group(1), m.group(2), int(m.group(3)), m.group(4), int(m.group(5)))
 
 
 def pid_alive(pid: int) -> bool:
@@ -103,11 +104,12 @@ def tmp_writer_alive(path: str, host: str | None = None) -> bool:
 
     Writers hold an OFD lock on their tmp file from creation to rename, which any process
     can test, also from another PID namespace (another container with the same host name),
-    where the pid in the name means nothing. A file counts as dead only when nobody holds
-    its lock *and* no process with its pid runs here (the pid test keeps files of writers
-    that take no lock, such as older versions). Files of other hosts count as alive: locks
-    on shared file systems are not always coherent across nodes. A missing file is not
-    alive. ``host`` defaults to :func:`host_label`.
+    where the pid in the name means nothing: a file whose lock nobody holds is dead (a
+    writer that finds its file removed between creating and locking it starts again). Only
+    where the lock cannot be tested (the file system has no OFD locks) does the pid decide:
+    alive while a process with that pid runs here. Files of other hosts count as alive:
+    locks on shared file systems are not always coherent across nodes. A missing file is
+    not alive. ``host`` defaults to :func:`host_label`.
     """
     parsed = parse_tmp_file_name(os.path.basename(path))
     if parsed is None:
@@ -117,7 +119,9 @@ def tmp_writer_alive(path: str, host: str | None = None) -> bool:
     state = _core.tmp_file_writer(path)
     if state == "missing":
         return False
-    return state == "alive" or pid_alive(parsed.pid)
+    if state == "unknown":
+        return pid_alive(parsed.pid)
+    return state == "alive"
 
 
 def layout_fields(spec: OffloadingSpec, block_bytes: int) -> dict[str, Any]:
@@ -230,18 +234,21 @@ class FileMapper:
     def _create_config(self, dir_fd: int, expected: dict[str, Any], file_mode: int) -> None:
         # Written whole to a tmp file, then linked into place: readers never see a partial
         # file, and link() fails with EEXIST instead of replacing what another process wrote.
-        tmp = tmp_file_name(CONFIG_FILE_NAME)
+        # The tmp file's descriptor (and so its lock) stays open until its name is gone: a
+        # sweep elsewhere must see this writer alive all along.
         data = (json.dumps(expected, indent=2, sort_keys=True) + "\n").encode()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-        fd = os.open(tmp, flags, file_mode, dir_fd=dir_fd)
+        tmp = tmp_file_name(CONFIG_FILE_NAME)
+        fd = -1
         try:
-            try:
-                _core.lock_tmp_file(fd)  # a sweep elsewhere sees this writer alive
-                os.fchmod(fd, file_mode)  # exact, whatever the umask (as block files)
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+            fd = os.open(tmp, flags, file_mode, dir_fd=dir_fd)
+            _core.lock_tmp_file(fd)
+            if os.fstat(fd).st_nlink == 0:
+                # A sweep removed it between open and lock (it saw no lock yet).
+                raise FileNotFoundError(errno.ENOENT, "removed by a sweep before locked", tmp)
+            os.fchmod(fd, file_mode)  # exact, whatever the umask (as block files)
+            os.write(fd, data)
+            os.fsync(fd)
             try:
                 os.link(tmp, CONFIG_FILE_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except FileExistsError:
@@ -252,9 +259,19 @@ class FileMapper:
                 # No hard links on this file system: rename is still atomic, and a racing
                 # writer of the same namespace writes identical bytes.
                 os.rename(tmp, CONFIG_FILE_NAME, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except OSError as e:
+            # os.* name only what they were given (a name relative to dir_fd): say where.
+            name = e.filename if isinstance(e.filename, str) and e.filename else tmp
+            raise StorageError(
+                e.errno,
+                f"cannot create {CONFIG_FILE_NAME} of fs tier namespace ({e.strerror})",
+                os.path.join(self.namespace_dir, name),
+            ) from e
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp, dir_fd=dir_fd)
+            if fd >= 0:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=dir_fd)
+                os.close(fd)
 
     def _check_config(self, dir_fd: int, expected: dict[str, Any]) -> None:
         try:
