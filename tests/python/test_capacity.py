@@ -4,7 +4,6 @@ tmpfs, eviction "none", and what lookups and loads see of evictions."""
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import shutil
@@ -791,10 +790,7 @@ def test_shutdown_releases_every_descriptor_and_the_volume_unmounts(tmp_path):
                 assert t.store(100 * n + i).success
         for t in tiers:
             t.close()
-        assert descriptors_under(mnt / STATE_DIR_NAME) == []  # capacity: at shutdown()
-        # The engine keeps its rank directory open until the tier object goes (csrc).
-        del tiers, t
-        gc.collect()
+        # Everything is released at shutdown(), the tier objects still referenced.
         assert descriptors_under(mnt) == []
         umount = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
         assert umount.returncode == 0, umount.stderr

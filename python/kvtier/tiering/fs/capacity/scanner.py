@@ -2,7 +2,7 @@
 
 Every user of a root (tiers, ``kvtier gc``, ``kvtier du``) classifies files here, so they
 agree: a block is a regular file named ``*.kvb`` (file_mapper.BLOCK_SUFFIX); a block tmp
-file is ``<block>.kvb.<host>.<pid>.<n>.tmp`` (a store in flight, or a crashed one). Sizes
+file is ``<block>.kvb.<host>.<pid>.<token>.<n>.tmp`` (a store in flight, or a crashed one). Sizes
 are ``st_size``; last use is ``st_mtime`` (tiers set it on every use, see recency.py).
 Symbolic links are never followed and the state directory is skipped.
 """
