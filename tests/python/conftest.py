@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -138,3 +138,22 @@ def io_engine(request: pytest.FixtureRequest, io_uring_refused: str) -> str:
     if request.param == "io_uring" and io_uring_refused:
         pytest.skip(f"io_uring refused here: {io_uring_refused}")
     return request.param
+
+
+@pytest.fixture
+def tmpfs_mount(tmp_path: Path) -> Iterator[Path]:
+    """A fresh tmpfs mounted at a directory of its own (root and mount(8) needed, else the
+    test skips); detached at teardown if the test left it mounted. A test may unmount it
+    itself, which is how the shutdown tests prove nothing holds the volume."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount(8) for a tmpfs")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {proc.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        if os.path.ismount(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

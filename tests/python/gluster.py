@@ -183,19 +183,6 @@ def finish(proc: subprocess.Popen[str], timeout: float = CHILD_TIMEOUT_S) -> dic
 # observing a root from outside kvtier
 
 
-def block_bytes_on_disk(root: Path) -> int:
-    """Bytes of block files and block tmp files under ``root``, by a walk of our own."""
-    total = 0
-    for d, _, names in os.walk(root):
-        for n in names:
-            if n.endswith(".kvb") or (n.endswith(".tmp") and ".kvb." in n):
-                try:
-                    total += os.lstat(os.path.join(d, n)).st_size
-                except OSError:  # gone meanwhile (ENOENT), or ESTALE over FUSE
-                    pass
-    return total
-
-
 def lock_held(fd: int) -> bool:
     """Whether any other open file description holds a lock on fd's whole file (OFD GETLK:
     conflicts with OFD and POSIX locks alike, whatever process or host holds them)."""

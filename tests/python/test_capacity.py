@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from block_files import block_bytes_on_disk
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity import (
     CapacityController,
@@ -49,17 +50,7 @@ def payload(i: int) -> np.ndarray:
     return np.random.default_rng(i).integers(0, 256, ROW, dtype=np.uint8)
 
 
-def disk_bytes(root: Path) -> int:
-    """Bytes of block and block tmp files, counted independently of kvtier's scanner."""
-    total = 0
-    for d, _, names in os.walk(root):
-        for n in names:
-            if n.endswith(".kvb") or (n.endswith(".tmp") and ".kvb." in n):
-                try:
-                    total += os.lstat(os.path.join(d, n)).st_size
-                except FileNotFoundError:
-                    pass
-    return total
+disk_bytes = block_bytes_on_disk  # the files' bytes, as this test counts them
 
 
 def block_paths(root: Path) -> list[Path]:
@@ -775,28 +766,18 @@ def descriptors_under(root: Path) -> list[str]:
     return found
 
 
-def test_shutdown_releases_every_descriptor_and_the_volume_unmounts(tmp_path):
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root and mount(8) for a tmpfs")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {proc.stderr.decode().strip()}")
-    try:
-        tiers = [Tier(mnt, max_bytes=8 * FILE, min_free_fraction=0) for _ in range(3)]
-        for n, t in enumerate(tiers):
-            for i in range(12):
-                assert t.store(100 * n + i).success
-        for t in tiers:
-            t.close()
-        # Everything is released at shutdown(), the tier objects still referenced.
-        assert descriptors_under(mnt) == []
-        umount = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
-        assert umount.returncode == 0, umount.stderr
-    finally:
-        if os.path.ismount(mnt):
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+def test_shutdown_releases_every_descriptor_and_the_volume_unmounts(tmpfs_mount):
+    mnt = tmpfs_mount
+    tiers = [Tier(mnt, max_bytes=8 * FILE, min_free_fraction=0) for _ in range(3)]
+    for n, t in enumerate(tiers):
+        for i in range(12):
+            assert t.store(100 * n + i).success
+    for t in tiers:
+        t.close()
+    # Everything is released at shutdown(), the tier objects still referenced.
+    assert descriptors_under(mnt) == []
+    umount = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
+    assert umount.returncode == 0, umount.stderr
 
 
 def test_a_replaced_state_directory_is_rejoined(tmp_path):

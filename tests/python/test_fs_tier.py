@@ -514,27 +514,16 @@ def test_o_direct_fallback_warns_once(tmp_path, caplog):
 
 @pytest.mark.parametrize("io_engine_name", ["psync", "io_uring"])
 def test_after_shutdown_the_volume_unmounts_with_the_tier_still_referenced(
-    tmp_path, collect_results, io_uring_refused, io_engine_name
+    tmpfs_mount, collect_results, io_uring_refused, io_engine_name
 ):
     if io_engine_name == "io_uring" and io_uring_refused:
         pytest.skip(f"io_uring refused here: {io_uring_refused}")
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root and mount(8) for a tmpfs")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)], capture_output=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {proc.stderr.decode().strip()}")
-    try:
-        config = {"type": "fs", "root_dir": str(mnt / "root"), "io_engine": io_engine_name}
-        data = primary()
-        tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(data), SPEC)
-        store(tier, collect_results, 1, [key(1), key(2)], [1, 2])
-        tier.shutdown()
-        # `tier` is still referenced here: shutdown() alone must let go of the volume.
-        umount = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
-        assert umount.returncode == 0, umount.stderr
-        assert tier.file_mapper is not None
-    finally:
-        if os.path.ismount(mnt):
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    config = {"type": "fs", "root_dir": str(tmpfs_mount / "root"), "io_engine": io_engine_name}
+    data = primary()
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(data), SPEC)
+    store(tier, collect_results, 1, [key(1), key(2)], [1, 2])
+    tier.shutdown()
+    # `tier` is still referenced here: shutdown() alone must let go of the volume.
+    umount = subprocess.run(["umount", str(tmpfs_mount)], capture_output=True, text=True)
+    assert umount.returncode == 0, umount.stderr
+    assert tier.file_mapper is not None

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from block_files import block_bytes_on_disk
 from gluster import (
     Volume,
-    block_bytes_on_disk,
     finish,
     inner_pid,
     lock_held,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import json
-import pwd
 import stat
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from gluster import CHILD_TIMEOUT_S, Volume, host_prefix, volume_fixture
-from test_shared_root import TIER_CHILD, _modes, _users, mapper
+from test_shared_root import _modes, _users, mapper, run_tier
 
 A, B = "hostA", "hostB"
 
@@ -37,24 +36,7 @@ def run_on_host(
     umask: int = 0o022,
 ) -> dict[str, Any]:
     """test_shared_root.run_tier, on ``host``."""
-    account = None if user is None else pwd.getpwnam(user)
-    spec = {
-        "root": str(root),
-        "ops": ops,
-        "options": options or {},
-        "umask": umask,
-        "user": None if account is None else [account.pw_uid, account.pw_gid],
-    }
-    proc = subprocess.run(
-        [*host_prefix(host), sys.executable, "-c", TIER_CHILD, json.dumps(spec)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-        cwd="/",
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return run_tier(root, ops, options, user, umask=umask, prefix=tuple(host_prefix(host)))
 
 
 @pytest.fixture

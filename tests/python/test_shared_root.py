@@ -112,7 +112,10 @@ def run_tier(
     user: str | None = None,
     env: dict[str, str] | None = None,
     umask: int = 0o022,
+    prefix: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    """Runs ``ops`` on a tier in a child process (``prefix`` before it: a command that puts
+    it in namespaces of its own, as another host); the child's JSON report."""
     account = None if user is None else pwd.getpwnam(user)
     spec = {
         "root": str(root),
@@ -122,7 +125,7 @@ def run_tier(
         "user": None if account is None else [account.pw_uid, account.pw_gid],
     }
     proc = subprocess.run(
-        [sys.executable, "-c", TIER_CHILD, json.dumps(spec)],
+        [*prefix, sys.executable, "-c", TIER_CHILD, json.dumps(spec)],
         check=False,
         capture_output=True,
         text=True,
