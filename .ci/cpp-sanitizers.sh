@@ -52,8 +52,17 @@ for san in "${sanitizers[@]}"; do
   cmake --build "$build" -j "$jobs"
   log="$build.ctest.log"
   mkdir -p "$build/scratch"
-  if ! TMPDIR="$build/scratch" ctest --test-dir "$build" --output-on-failure -j 1 2>&1 | tee "$log"; then
-    status=1
+  TMPDIR="$build/scratch" ctest --test-dir "$build" --output-on-failure -j 1 2>&1 | tee "$log" || true
+  # gcc 12's TSan runtime now and then cannot map its shadow memory for a new region ("failed
+  # to allocate ... (errno: 12)"; seen once in ~15 runs of the same test, never twice): the
+  # runtime gave up before the test ran, not a report. Only then, and only once, the failed
+  # tests run again; the checks below read the rerun's verdict, and any report still fails.
+  if grep -q "ThreadSanitizer failed to allocate" "$log" && ! grep -qE "WARNING: ThreadSanitizer|ThreadSanitizer: reported" "$log"; then
+    echo "=== the TSan runtime could not map memory; rerunning the failed tests once" >&2
+    mv "$log" "$build.ctest.first.log"
+    TMPDIR="$build/scratch" ctest --test-dir "$build" --output-on-failure -j 1 --rerun-failed 2>&1 | tee "$log" || true
+    # The device-path checks below look for a pass line: carry the first run's over.
+    grep -E "Test +#[0-9]+: .* Passed" "$build.ctest.first.log" >>"$log"
   fi
   # Belt and braces: a report from a child process or a recovered check still fails the run.
   if grep -qE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|WARNING: ThreadSanitizer|ThreadSanitizer: reported" "$log"; then
