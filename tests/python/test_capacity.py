@@ -1005,3 +1005,31 @@ def test_capacity_calls_return_while_the_state_directory_is_frozen(stallfs):
     assert DEFERRED in answers
     stallfs.thaw()
     assert c._exited.wait(WAIT_SECONDS)  # the thread ends once the mount answers again
+
+
+def test_stores_finished_but_not_collected_are_not_evicted_from_under_their_count(tmp_path):
+    """Stores whose files are written but whose results the engine has not collected yet
+    still count as in flight: evicting those files frees nothing in the count, so the evictor
+    kept evicting and emptied the cache (a burst of stores drained in one go did this). They
+    are not eviction candidates until they are collected; then eviction brings the cache to
+    its watermark, not to empty."""
+    files = 20  # all admitted at once, and past the high watermark
+    t = Tier(tmp_path, max_bytes=files * FILE + FILE // 2, min_free_fraction=0)
+    try:
+        for i in range(files):
+            t.buf[0] = payload(i)
+            t.tier.submit_store(JobMetadata(1000 + i, [key(i)], np.array([0]), False, CTX))
+        # Written by the engine, not collected (no get_finished or drain_jobs yet).
+        wait_for(lambda: t.stats()["store_blocks"] == files, "the engine to write every block")
+        for _ in range(3):  # passes asked for and run while the stores are uncollected
+            t.tier._capacity.request_eviction()
+            wait_for(settled(t.tier), "the capacity thread to be idle")
+        assert t.stats()["evicted_blocks"] == 0
+        assert len(block_paths(tmp_path)) == files
+        results = t.tier.get_finished()
+        assert len(results) == files and all(r.success for r in results)
+        t.tier._capacity.request_eviction()
+        wait_for(settled(t.tier), "eviction to finish")
+        assert 0.8 * files <= len(block_paths(tmp_path)) < files
+    finally:
+        t.close()
