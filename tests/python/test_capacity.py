@@ -26,7 +26,7 @@ from kvtier.tiering.fs.capacity import (
 )
 from kvtier.tiering.fs.capacity import controller as capacity_controller
 from kvtier.tiering.fs.capacity.controller import DEFERRED
-from kvtier.tiering.fs.capacity.evictor import evict, evictor_lock
+from kvtier.tiering.fs.capacity.evictor import UnlinkTuning, _next_threads, evict, evictor_lock
 from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, Base, LedgerState, UsageLedger
 from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME
 from kvtier.tiering.fs.capacity.survey import survey
@@ -1033,3 +1033,24 @@ def test_stores_finished_but_not_collected_are_not_evicted_from_under_their_coun
         assert 0.8 * files <= len(block_paths(tmp_path)) < files
     finally:
         t.close()
+
+
+def test_unlink_waves_keep_fewer_threads_only_while_they_are_as_fast():
+    """The thread count of eviction waves: halved while the files per second hold, doubled
+    back (and held there for a while) when halving made a wave slower."""
+    tune = UnlinkTuning(32)
+    seen = []
+    for _ in range(6):  # CPU-bound unlinks: the same rate at every count
+        _next_threads(tune, 1000.0, 32)
+        seen.append(tune.threads)
+    assert seen == [16, 8, 4, 2, 1, 1]
+    tune = UnlinkTuning(32)
+    _next_threads(tune, 1000.0, 32)  # 32 -> 16
+    _next_threads(tune, 1000.0, 32)  # 16 held the rate -> 8
+    _next_threads(tune, 500.0, 32)  # 8 was slower: back to 16, held
+    assert tune.threads == 16
+    for _ in range(8):
+        _next_threads(tune, 1000.0, 32)
+        assert tune.threads == 16
+    _next_threads(tune, 1000.0, 32)  # the hold is over: fewer are tried again
+    assert tune.threads == 8

@@ -61,8 +61,9 @@ _ALL_BYTES = 1 << 62
 # Per-instance budget chunk: at most this much, and at most 1/64 of max_bytes.
 MAX_CHUNK_BYTES = 64 << 20
 # An active instance reserves ahead what it admitted between two top-ups, at least a chunk
-# and at most this fraction of max_bytes (the watermarks' 80% floor allows for it).
-RESERVE_FRACTION = 1 / 16
+# and at most this fraction of max_bytes: less than the gap between the watermarks (5%), or
+# every top-up after a pass would take the budget past the high mark and start another one.
+RESERVE_FRACTION = 1 / 32
 # An instance that admitted no store for this long gives its reservation back.
 IDLE_SECONDS = 2.0
 # A store the budget has no room for right now waits (off the caller's thread) this long
@@ -189,6 +190,7 @@ class CapacityController:
             _by_root.setdefault(self.identity, weakref.WeakSet()).add(self)
         self._wake = threading.Condition()
         self._evict_asked = False
+        self._poked = False  # a top-up was asked for and the thread has not started it yet
         self._busy = False  # the thread is in a bookkeeping or eviction step (see wait_idle)
         self._stop = threading.Event()
         self._exited = threading.Event()
@@ -364,8 +366,14 @@ class CapacityController:
             self._wake.notify_all()  # the thread, and wait_idle's waiters (they wait on more)
 
     def _poke(self) -> None:
-        """Wake the thread for a top-up (not an eviction)."""
+        """Wake the thread for a top-up (not an eviction). One wake-up serves every store
+        admitted until the thread runs: waking it for each would hand it the GIL (and, on
+        few cores, the CPU) between the caller's stores for nothing. Read unlocked: a race
+        costs one more notify at most."""
+        if self._poked:
+            return
         with self._wake:
+            self._poked = True
             self._wake.notify_all()
 
     def stats(self) -> dict[str, int]:
@@ -396,7 +404,8 @@ class CapacityController:
         try:
             while not self._stop.is_set():
                 with self._wake:
-                    if not self._evict_asked:
+                    # A top-up asked for while the thread was busy runs now, not a tick later.
+                    if not self._evict_asked and not self._poked:
                         self._busy = False
                         self._wake.notify_all()
                         # Stores waiting for budget: look again soon (others may give some
@@ -404,6 +413,7 @@ class CapacityController:
                         # eviction wakes the thread at once.
                         self._wake.wait(WAIT_POLL_SECONDS if self._waiting else TICK_SECONDS)
                     asked, self._evict_asked = self._evict_asked, False
+                    self._poked = False
                     self._busy = True
                 if self._stop.is_set():
                     break
