@@ -244,7 +244,7 @@ def main() -> None:
         f"{f'{s >> 10} KiB in cache':>22}{f'{s >> 10} KiB out of cache':>22}" for s in sizes
     )
     print(header)
-    report = {"affinity": affinity, "automatic": _core.crc32c_implementation(), "results": []}
+    report: dict = {"affinity": affinity, "automatic": _core.crc32c_implementation(), "results": []}
     for name in names:
         result = run_child(name, args)
         report["results"].append(result)
