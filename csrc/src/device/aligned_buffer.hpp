@@ -2,7 +2,6 @@
 
 #include <sys/mman.h>
 
-#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -10,11 +9,6 @@
 #include <utility>
 
 #include <kvtier/format.hpp>
-
-// Linux 5.14; older headers lack the name, and older kernels refuse it with EINVAL.
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
 
 namespace kvtier::detail {
 
@@ -33,9 +27,8 @@ inline constexpr std::size_t kHugePageSize = std::size_t{2} << 20;
 ///   many bytes fit in flight: loads staged through such buffers ran about 2x faster
 ///   (docs/perf/disk-loads-investigation.md, section 6). Where THP is off ("never") the advice
 ///   changes nothing and the buffer is in 4 KiB pages, as smaller buffers are.
-/// - pre-faulted: every page is made present and writable here, so the first I/O into the
-///   buffer does not pay a page fault per page (or per huge page), and a buffer that cannot be
-///   backed fails here with std::bad_alloc rather than later.
+/// - pre-faulted: every page is written once here, so the first I/O into the buffer does not
+///   pay a page fault per page (or per huge page).
 /// The mapping is exactly size() bytes long: a 2 MiB + 4 KiB buffer (a block and its header)
 /// is one huge page and one small page, not two huge pages.
 class AlignedBuffer {
@@ -96,17 +89,11 @@ class AlignedBuffer {
     // Before the first fault, so that the faults below allocate huge pages. Refused only where
     // the kernel has no THP at all (EINVAL), which leaves ordinary pages.
     ::madvise(data, length, MADV_HUGEPAGE);
-    if (::madvise(data, length, MADV_POPULATE_WRITE) != 0) {
-      if (errno != EINVAL) {  // ENOMEM and the like: the memory is not there
-        ::munmap(data, length);
-        throw std::bad_alloc();
-      }
-      // A kernel before 5.14: a write to every page faults it in (a huge page at the first
-      // write into each 2 MiB where THP grants one). Volatile, so the stores of the zero the
-      // page already holds are not optimised away.
-      for (std::size_t at = 0; at < length; at += kAlignment)
-        static_cast<volatile unsigned char*>(data)[at] = 0;
-    }
+    // A write to every page faults it in (a huge page at the first write into each 2 MiB where
+    // THP grants one; the other writes then cost nothing). Volatile, so the stores of the zero
+    // the page already holds are not optimised away.
+    for (std::size_t at = 0; at < length; at += kAlignment)
+      static_cast<volatile unsigned char*>(data)[at] = 0;
     return data;
   }
 
