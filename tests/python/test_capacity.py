@@ -26,7 +26,7 @@ from kvtier.tiering.fs.capacity import (
 )
 from kvtier.tiering.fs.capacity import controller as capacity_controller
 from kvtier.tiering.fs.capacity.controller import DEFERRED
-from kvtier.tiering.fs.capacity.evictor import evict, evictor_lock
+from kvtier.tiering.fs.capacity.evictor import UnlinkTuning, _next_threads, evict, evictor_lock
 from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, Base, LedgerState, UsageLedger
 from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME
 from kvtier.tiering.fs.capacity.survey import survey
@@ -1005,3 +1005,52 @@ def test_capacity_calls_return_while_the_state_directory_is_frozen(stallfs):
     assert DEFERRED in answers
     stallfs.thaw()
     assert c._exited.wait(WAIT_SECONDS)  # the thread ends once the mount answers again
+
+
+def test_stores_finished_but_not_collected_are_not_evicted_from_under_their_count(tmp_path):
+    """Stores whose files are written but whose results the engine has not collected yet
+    still count as in flight: evicting those files frees nothing in the count, so the evictor
+    kept evicting and emptied the cache (a burst of stores drained in one go did this). They
+    are not eviction candidates until they are collected; then eviction brings the cache to
+    its watermark, not to empty."""
+    files = 20  # all admitted at once, and past the high watermark
+    t = Tier(tmp_path, max_bytes=files * FILE + FILE // 2, min_free_fraction=0)
+    try:
+        for i in range(files):
+            t.buf[0] = payload(i)
+            t.tier.submit_store(JobMetadata(1000 + i, [key(i)], np.array([0]), False, CTX))
+        # Written by the engine, not collected (no get_finished or drain_jobs yet).
+        wait_for(lambda: t.stats()["store_blocks"] == files, "the engine to write every block")
+        for _ in range(3):  # passes asked for and run while the stores are uncollected
+            t.tier._capacity.request_eviction()
+            wait_for(settled(t.tier), "the capacity thread to be idle")
+        assert t.stats()["evicted_blocks"] == 0
+        assert len(block_paths(tmp_path)) == files
+        results = t.tier.get_finished()
+        assert len(results) == files and all(r.success for r in results)
+        t.tier._capacity.request_eviction()
+        wait_for(settled(t.tier), "eviction to finish")
+        assert 0.8 * files <= len(block_paths(tmp_path)) < files
+    finally:
+        t.close()
+
+
+def test_unlink_waves_keep_fewer_threads_only_while_they_are_as_fast():
+    """The thread count of eviction waves: halved while the files per second hold, doubled
+    back (and held there for a while) when halving made a wave slower."""
+    tune = UnlinkTuning(32)
+    seen = []
+    for _ in range(6):  # CPU-bound unlinks: the same rate at every count
+        _next_threads(tune, 1000.0, 32)
+        seen.append(tune.threads)
+    assert seen == [16, 8, 4, 2, 1, 1]
+    tune = UnlinkTuning(32)
+    _next_threads(tune, 1000.0, 32)  # 32 -> 16
+    _next_threads(tune, 1000.0, 32)  # 16 held the rate -> 8
+    _next_threads(tune, 500.0, 32)  # 8 was slower: back to 16, held
+    assert tune.threads == 16
+    for _ in range(8):
+        _next_threads(tune, 1000.0, 32)
+        assert tune.threads == 16
+    _next_threads(tune, 1000.0, 32)  # the hold is over: fewer are tried again
+    assert tune.threads == 8

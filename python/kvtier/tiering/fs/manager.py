@@ -221,7 +221,9 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
                 self._admitting += 1
             try:
                 admitted = self._capacity.admit(
-                    len(keys), lambda refusal: self._admitted(job_id, keys, blocks, refusal, True)
+                    len(keys),
+                    lambda refusal: self._admitted(job_id, keys, blocks, refusal, True),
+                    [b[0] for b in blocks],
                 )
             except BaseException:
                 self._admission_done()
@@ -273,7 +275,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         try:
             self._engine.submit_store(job_id, blocks)
         except BaseException:
-            self._capacity.finish_store(len(keys), 0)
+            self._capacity.finish_store(len(keys), 0, [b[0] for b in blocks])
             raise
 
     def _admission_done(self) -> None:
@@ -335,9 +337,9 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             # already on disk is skipped): that many new files now hold budget. A new file's
             # mtime is its use; a block that was there already is used by this store.
             new_blocks = c.bytes // max(1, self._block_size_bytes)
-            self._capacity.finish_store(len(keys), new_blocks)
+            path_of = self.file_mapper.get_file_name
+            self._capacity.finish_store(len(keys), new_blocks, [path_of(k) for k in keys])
             if new_blocks < len(keys):
-                path_of = self.file_mapper.get_file_name
                 self._capacity.record_use([path_of(k) for k, e in zip(keys, errnos) if e == 0])
         ok_keys = [k for k, e in zip(keys, errnos) if e == 0]
         # Files that exist are worth remembering; a load that failed verification or found no

@@ -19,12 +19,17 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kvtier._fork import after_fork_in_child
-from kvtier.tiering.fs.capacity.evictor import UNLINK_WORKERS, evict, evictor_lock
+from kvtier.tiering.fs.capacity.evictor import (
+    UNLINK_WORKERS,
+    UnlinkTuning,
+    evict,
+    evictor_lock,
+)
 from kvtier.tiering.fs.capacity.ledger import (
     LedgerState,
     UsageLedger,
@@ -55,6 +60,10 @@ CANDIDATES_SECONDS = 30.0
 _ALL_BYTES = 1 << 62
 # Per-instance budget chunk: at most this much, and at most 1/64 of max_bytes.
 MAX_CHUNK_BYTES = 64 << 20
+# An active instance reserves ahead what it admitted between two top-ups, at least a chunk
+# and at most this fraction of max_bytes: less than the gap between the watermarks (5%), or
+# every top-up after a pass would take the budget past the high mark and start another one.
+RESERVE_FRACTION = 1 / 32
 # An instance that admitted no store for this long gives its reservation back.
 IDLE_SECONDS = 2.0
 # A store the budget has no room for right now waits (off the caller's thread) this long
@@ -94,6 +103,7 @@ class _Wait:
     need: int
     then: Callable[[str | None], None]
     deadline: float
+    paths: Sequence[str] = ()
 
 
 class CapacityController:
@@ -127,7 +137,17 @@ class CapacityController:
         self._inflight = 0  # given to stores that have not finished (their tmp files)
         self._added = 0  # bytes of block files this instance's identity committed
         self._waiting: deque[_Wait] = deque()
+        # Block paths of admitted or waiting stores not finished yet (a count per path): the
+        # evictor keeps them. A file a store has renamed into place is still in ``writing``
+        # until its result is collected, so evicting it would free nothing in the count and
+        # the evictor would go on to the next (it emptied a cache whose stores were drained
+        # in one go). Read without _lock by the unlink threads (a dict lookup is atomic).
+        self._storing: dict[str, int] = {}
         self._last_admit = -IDLE_SECONDS
+        # The largest burst (bytes admitted between two top-ups) since the instance was last
+        # idle, and the bytes admitted since the last top-up.
+        self._recent_need = self._since_serve = 0
+        self.reserve_cap = max(self.chunk_bytes, int((policy.max_bytes or 0) * RESERVE_FRACTION))
         self._closed = False
         self._slot = WriterSlot(self.root, file_mode)
         self._state: LedgerState = self.ledger.read()
@@ -152,7 +172,9 @@ class CapacityController:
         self._candidate_bytes = 0
         self._candidates_at = 0.0
         self._pass_seconds = 0.0
+        self._fruitless = False  # the last pass that needed room found nothing to evict
         self._unlinkers: ThreadPoolExecutor | None = None
+        self._unlink_tuning: UnlinkTuning | None = None  # where the last pass's waves settled
         self.evicted_blocks = self.evicted_bytes = self.rejected_stores = 0
         # CPU seconds of eviction passes (scans, ledger, unlinks; every thread involved):
         # what a full cache costs beyond storing, reported by `kvtier bench --max-bytes`.
@@ -168,6 +190,7 @@ class CapacityController:
             _by_root.setdefault(self.identity, weakref.WeakSet()).add(self)
         self._wake = threading.Condition()
         self._evict_asked = False
+        self._poked = False  # a top-up was asked for and the thread has not started it yet
         self._busy = False  # the thread is in a bookkeeping or eviction step (see wait_idle)
         self._stop = threading.Event()
         self._exited = threading.Event()
@@ -189,9 +212,16 @@ class CapacityController:
     # -- hot path (memory only) --------------------------------------------------------------
 
     def admit(
-        self, n_blocks: int, then: Callable[[str | None], None] | None = None
+        self,
+        n_blocks: int,
+        then: Callable[[str | None], None] | None = None,
+        paths: Sequence[str] = (),
     ) -> str | None | Deferred:
         """Take room for ``n_blocks`` new files from this instance's reservation.
+
+        ``paths`` (the store's block files) are kept from eviction until ``finish_store``
+        names them again or the store is refused; a caller that passes none gets no such
+        protection for files its uncollected stores have written.
 
         Returns None (admitted), a reason the store is refused, or, with ``then``, DEFERRED:
         there is no room right now, and ``then(None)`` (admitted) or ``then(reason)`` will be
@@ -204,10 +234,17 @@ class CapacityController:
                 # Closed with its tier: the tier's engine refuses the store as shut down.
                 return None
             self._last_admit = time.monotonic()
+            # The reservation is kept as large as the stores admitted between two top-ups
+            # (a burst), up to RESERVE_FRACTION of the budget: a store larger than a chunk,
+            # or a burst of them, would otherwise wait for the capacity thread every time.
+            self._since_serve += need
+            if self._since_serve > self._recent_need:
+                self._recent_need = self._since_serve
             # Free space can shrink faster than a tick: once the stores admitted since the
-            # last statvfs could have used 1% of the file system, the thread looks again.
+            # last statvfs could have used 1% of the file system, the thread looks again
+            # (only where there is a floor to keep: otherwise it would be a pass for nothing).
             self._since_statvfs += need
-            check_free = self._since_statvfs >= self._free_check_bytes
+            check_free = self._avail is not None and self._since_statvfs >= self._free_check_bytes
             if check_free:
                 self._since_statvfs = 0
             free_ok = self._free_ok(need)
@@ -220,7 +257,9 @@ class CapacityController:
                 return self._refusal(need, "the store is larger than the whole budget")
             if not self._waiting and free_ok and (budget is None or self._pool >= need):
                 self._take(need)
-                low = budget is not None and self._pool < self.chunk_bytes // 2
+                self._hold(paths)
+                # Topped up ahead: before the next store of this size would find too little.
+                low = budget is not None and self._pool < max(self.chunk_bytes // 2, need)
                 answer: str | None | Deferred = None
             else:
                 low = True
@@ -231,7 +270,10 @@ class CapacityController:
                     box.append(reason)
                     done.set()
 
-                wait = _Wait(need, then or answer_here, time.monotonic() + STORE_WAIT_SECONDS)
+                wait = _Wait(
+                    need, then or answer_here, time.monotonic() + STORE_WAIT_SECONDS, paths
+                )
+                self._hold(paths)
                 self._waiting.append(wait)
                 answer = DEFERRED
         if check_free or (answer is DEFERRED and self.policy.eviction == "lru"):
@@ -244,6 +286,7 @@ class CapacityController:
                 with self._lock:
                     if wait in self._waiting:
                         self._waiting.remove(wait)
+                        self._release(paths)
                         self.rejected_stores += 1
                         return self._refusal(need, "no budget became free in time")
                 done.wait()
@@ -254,6 +297,27 @@ class CapacityController:
         """Whether ``need`` more bytes keep free space above the floor, as far as the last
         statvfs and the stores admitted since tell (call under _lock)."""
         return self._avail is None or self._avail - need >= self._floor_bytes
+
+    def _hold(self, paths: Sequence[str]) -> None:
+        """Keep ``paths`` from eviction while their store runs (call under _lock)."""
+        storing = self._storing
+        for path in paths:
+            storing[path] = storing.get(path, 0) + 1
+
+    def _release(self, paths: Sequence[str]) -> None:
+        """The store of ``paths`` finished or was refused (call under _lock)."""
+        storing = self._storing
+        for path in paths:
+            left = storing.get(path, 0) - 1
+            if left > 0:
+                storing[path] = left
+            else:
+                storing.pop(path, None)
+
+    def is_storing(self, path: str) -> bool:
+        """Whether a store of this instance for ``path`` is admitted (or waiting) and not
+        finished: the evictor keeps such a file."""
+        return path in self._storing
 
     def _take(self, need: int) -> None:
         """Give ``need`` bytes to a store (call under _lock)."""
@@ -280,11 +344,14 @@ class CapacityController:
             f"eviction={self.policy.eviction!r})"
         )
 
-    def finish_store(self, n_blocks: int, new_blocks: int) -> None:
-        """A store admitted for ``n_blocks`` finished having created ``new_blocks`` files."""
+    def finish_store(self, n_blocks: int, new_blocks: int, paths: Sequence[str] = ()) -> None:
+        """A store admitted for ``n_blocks`` finished having created ``new_blocks`` files;
+        ``paths`` are those passed to admit()."""
         reserved = n_blocks * self.file_bytes
         kept = min(new_blocks, n_blocks) * self.file_bytes
         with self._lock:
+            self._release(paths)
+            self._fruitless = False  # its files may be evicted now
             self._inflight -= reserved
             self._added += kept
             if self.policy.max_bytes is not None:
@@ -299,8 +366,14 @@ class CapacityController:
             self._wake.notify_all()  # the thread, and wait_idle's waiters (they wait on more)
 
     def _poke(self) -> None:
-        """Wake the thread for a top-up (not an eviction)."""
+        """Wake the thread for a top-up (not an eviction). One wake-up serves every store
+        admitted until the thread runs: waking it for each would hand it the GIL (and, on
+        few cores, the CPU) between the caller's stores for nothing. Read unlocked: a race
+        costs one more notify at most."""
+        if self._poked:
+            return
         with self._wake:
+            self._poked = True
             self._wake.notify_all()
 
     def stats(self) -> dict[str, int]:
@@ -331,7 +404,8 @@ class CapacityController:
         try:
             while not self._stop.is_set():
                 with self._wake:
-                    if not self._evict_asked:
+                    # A top-up asked for while the thread was busy runs now, not a tick later.
+                    if not self._evict_asked and not self._poked:
                         self._busy = False
                         self._wake.notify_all()
                         # Stores waiting for budget: look again soon (others may give some
@@ -339,6 +413,7 @@ class CapacityController:
                         # eviction wakes the thread at once.
                         self._wake.wait(WAIT_POLL_SECONDS if self._waiting else TICK_SECONDS)
                     asked, self._evict_asked = self._evict_asked, False
+                    self._poked = False
                     self._busy = True
                 if self._stop.is_set():
                     break
@@ -418,7 +493,11 @@ class CapacityController:
         with self._lock:
             waiting = sum(w.need for w in self._waiting)
             active = time.monotonic() - self._last_admit < IDLE_SECONDS
-            target = waiting + (self.chunk_bytes if active else 0)
+            if not active:
+                self._recent_need = 0
+            self._since_serve = 0
+            ahead = max(self.chunk_bytes, min(self._recent_need, self.reserve_cap))
+            target = waiting + (ahead if active else 0)
             if self._pool > target:  # idle budget goes back to the others
                 self._pool = target
             short = target - self._pool
@@ -431,7 +510,7 @@ class CapacityController:
         with self._lock:
             waiting_left = bool(self._waiting)
         if waiting_left or self.policy.budget_need(self._demand(self._state, st)):
-            if self.policy.eviction == "lru":
+            if self.policy.eviction == "lru" and not self._fruitless:
                 self.request_eviction()
 
     def _reserve(self, take: int, budget: int, st: os.statvfs_result) -> None:
@@ -472,6 +551,7 @@ class CapacityController:
             keep: deque[_Wait] = deque()
             for w in self._waiting:
                 if self.policy.eviction == "none" or now >= w.deadline:
+                    self._release(w.paths)
                     self.rejected_stores += 1
                     refused.append((w, self._refusal(w.need, "the byte budget is full")))
                 else:
@@ -483,6 +563,8 @@ class CapacityController:
     def _refuse_waiting(self, why: str, code: int = errno.ENOSPC) -> None:
         with self._lock:
             waiting, self._waiting = list(self._waiting), deque()
+            for w in waiting:
+                self._release(w.paths)
             self.rejected_stores += len(waiting)
             refused = [(w, self._refusal(w.need, why, code)) for w in waiting]
         for w, reason in refused:
@@ -602,8 +684,11 @@ class CapacityController:
                         self._scan(True)  # the old candidates ran out: the rest from a new one
                     except Interrupted:
                         return
-                    self._evict_candidates(need - freed)
+                    freed += self._evict_candidates(need - freed)
                 self._pass_seconds = time.monotonic() - started
+                # Everything there is in use or being stored: asking again at once would only
+                # rescan; the next tick (or a store that waits) tries again.
+                self._fruitless = freed == 0
             self._observe(os.statvfs(self.root))
 
     def _racers(
@@ -637,7 +722,9 @@ class CapacityController:
             on_batch=self._evicted,
             stop=self._stop,
             pool=self._unlinkers,
+            tuning=self._unlink_tuning,
         )
+        self._unlink_tuning = done.tuning
         self.eviction_cpu_seconds += done.unlink_cpu_seconds
         tried = len(done.paths) + done.skipped_recent + done.vanished
         self._candidate_bytes -= sum(e.size for e in self._candidates[:tried])
@@ -668,6 +755,8 @@ class CapacityController:
         with self._lock:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()
+            for w in waiting:
+                self._release(w.paths)
             self._added += self._inflight
             self._pool = self._inflight = 0
             record = self._record()
@@ -704,10 +793,14 @@ def _idle(racers: dict[str, tuple[int, int]]) -> bool:
 
 
 def _in_use_here(identity: tuple[int, int]) -> Callable[[str], bool]:
-    """Whether any controller of this process on the root has an unflushed use of a path."""
+    """Whether any controller of this process on the root has an unflushed use of a path,
+    or a store of it not finished yet."""
     with _registry_lock:
-        logs = [c.recency for c in _by_root.get(identity, ())]
-    return lambda path: any(log.is_pending(path) for log in logs)
+        controllers = list(_by_root.get(identity, ()))
+    logs = [c.recency for c in controllers]
+    return lambda path: (
+        any(c.is_storing(path) for c in controllers) or any(log.is_pending(path) for log in logs)
+    )
 
 
 __all__ = ["DEFERRED", "CapacityController", "RECONCILE_SECONDS", "STORE_WAIT_SECONDS"]

@@ -45,12 +45,30 @@ def evictor_lock(root: str, file_mode: int = 0o600) -> Iterator[bool]:
 
 
 @dataclass
+class UnlinkTuning:
+    """The unlink thread count of the next wave and what the last one measured."""
+
+    threads: int
+    rate: float = 0.0  # files per second of the last wave (0: none measured yet)
+    last_step: int = 0  # -1: the last wave had fewer threads than the one before, +1: more
+    hold: int = 0  # waves to stay at this count before trying fewer again
+
+
+# Fewer threads are kept unless the wave rate fell below this share of the one before.
+_SLOWER = 0.8
+# After a step up, waves at that count before fewer are tried again.
+_HOLD_WAVES = 8
+
+
+@dataclass
 class Evicted:
     paths: list[str] = field(default_factory=list)
     bytes: int = 0
     skipped_recent: int = 0  # candidates used since the scan: kept
     vanished: int = 0  # candidates someone else removed first
     unlink_cpu_seconds: float = 0.0  # CPU time of the threads that checked and unlinked
+    # Where the thread count of the waves ended (see evict()): the next pass's start.
+    tuning: UnlinkTuning | None = None
 
 
 def evict(
@@ -63,6 +81,7 @@ def evict(
     stop: threading.Event | None = None,
     workers: int = UNLINK_WORKERS,
     pool: Executor | None = None,
+    tuning: UnlinkTuning | None = None,
 ) -> Evicted:
     """Unlink candidates (oldest first) until ``need_bytes`` are freed.
 
@@ -73,8 +92,19 @@ def evict(
     of evictions while they happen. ``pool`` (with at least ``workers`` threads) is used
     instead of a pool of this call's own: a tier evicts often, and starting threads for
     every pass costs more than a small pass does.
+
+    Of those ``workers``, each wave uses only as many as make it faster: an unlink that
+    waits on a device or a server (milliseconds on a busy journal, a network file system)
+    gains from more threads; one that only burns CPU (tmpfs freeing pages, a fast local disk)
+    does not, and more threads then only add GIL hand-offs and context switches (three to
+    four times the Python CPU per file at 32 threads on tmpfs) that the stores need. Waves
+    try halving the count while the files per second hold (within _SLOWER), and double it
+    back when they fall (_next_threads). ``tuning`` carries that across passes (start:
+    ``workers``); Evicted.tuning is where it ended.
     """
     done = Evicted()
+    tune = tuning if tuning is not None else UnlinkTuning(workers)
+    tune.threads = max(1, min(workers, tune.threads))
     own_pool = pool is None and workers > 1 and not dry_run
     if own_pool:
         pool = ThreadPoolExecutor(max_workers=workers)
@@ -94,13 +124,18 @@ def evict(
                 covered += candidates[i].size
                 i += 1
             wave = candidates[start:i]
-            if pool is not None:  # one task per worker: a task per file costs more than it saves
-                n_slices = min(workers, len(wave))
+            if pool is not None:  # one task per thread: a task per file costs more than it saves
+                n_slices = min(tune.threads, len(wave))
                 slices = [wave[w::n_slices] for w in range(n_slices)]
+                began = time.perf_counter()
                 parts = list(pool.map(lambda part: _evict_all(part, in_use, dry_run), slices))
+                wall = time.perf_counter() - began
                 wave = [e for part in slices for e in part]
                 outcomes = [o for part, _ in parts for o in part]
-                done.unlink_cpu_seconds += sum(cpu for _, cpu in parts)
+                cpu = sum(cpu for _, cpu in parts)
+                done.unlink_cpu_seconds += cpu
+                if len(wave) >= 2 * n_slices and wall > 0:  # a wave too small tells nothing
+                    _next_threads(tune, len(wave) / wall, workers)
             else:
                 outcomes, cpu = _evict_all(wave, in_use, dry_run)
                 done.unlink_cpu_seconds += cpu
@@ -120,7 +155,23 @@ def evict(
     finally:
         if own_pool and pool is not None:
             pool.shutdown()
+    done.tuning = tune
     return done
+
+
+def _next_threads(tune: UnlinkTuning, rate: float, workers: int) -> None:
+    """Choose the next wave's thread count from this wave's ``rate`` (files per second)."""
+    slower = tune.rate > 0 and rate < _SLOWER * tune.rate
+    if tune.last_step < 0 and slower and tune.threads < workers:
+        tune.threads, tune.last_step, tune.hold = min(workers, 2 * tune.threads), 1, _HOLD_WAVES
+    elif tune.hold > 0:
+        tune.hold -= 1
+        tune.last_step = 0
+    elif tune.threads > 1:
+        tune.threads, tune.last_step = tune.threads // 2, -1
+    else:
+        tune.last_step = 0
+    tune.rate = rate
 
 
 def _evict_all(
@@ -152,4 +203,4 @@ def _evict_one(entry: FileEntry, in_use: Callable[[str], bool], dry_run: bool) -
     return st.st_size
 
 
-__all__ = ["EVICTOR_LOCK_NAME", "Evicted", "evict", "evictor_lock"]
+__all__ = ["EVICTOR_LOCK_NAME", "Evicted", "UnlinkTuning", "evict", "evictor_lock"]

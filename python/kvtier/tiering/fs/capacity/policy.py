@@ -10,7 +10,8 @@ from typing import Literal
 # reservations) passes HIGH_WATERMARK x max_bytes and goes down to LOW_WATERMARK x max_bytes,
 # so a full cache evicts in batches rather than per store. A pass ends within one block file
 # below the low mark, and an active writer holds at most one budget chunk (at most 1/64 of the
-# budget, at least one file): with at least 16 block files in the budget, block bytes stay
+# budget, at least one file) or, topped up for a burst, 1/32 of the budget
+# (controller.RESERVE_FRACTION): with at least 16 block files in the budget, block bytes stay
 # between 80% and 100% of max_bytes in steady state. The gap between HIGH_WATERMARK and the
 # budget is what stores may take while a pass runs; a store that would pass max_bytes waits
 # for room (controller.STORE_WAIT_SECONDS) instead.
