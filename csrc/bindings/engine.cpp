@@ -61,6 +61,7 @@ py::dict engine_defaults() {
   out["io_engine"] = kvtier::to_string(d.io_engine());
   out["load_nice"] = d.load_nice();
   out["store_cap_linger_ms"] = d.store_cap_linger_ms();
+  out["io_timeout_s"] = d.io_timeout_s();
   return out;
 }
 
@@ -86,6 +87,7 @@ py::dict engine_limits() {
   out["file_mode"] = py::make_tuple(0u, static_cast<unsigned>(lim::kFileModeBits));
   out["file_mode_required_bits"] = static_cast<unsigned>(lim::kFileModeRequiredBits);
   out["fingerprint_length"] = py::make_tuple(std::size_t{0}, kvtier::kFingerprintSize);
+  out["io_timeout_s"] = py::make_tuple(lim::kMinIoTimeoutSeconds, lim::kMaxIoTimeoutSeconds);
   return out;
 }
 
@@ -154,7 +156,10 @@ py::dict stats_to_dict(const kvtier::EngineStats& s) {
                   "o_direct_fallbacks"_a = s.o_direct_fallbacks, "queued_loads"_a = s.queued_loads,
                   "queued_stores"_a = s.queued_stores, "running_loads"_a = s.running_loads,
                   "running_stores"_a = s.running_stores, "jobs_in_flight"_a = s.jobs_in_flight,
-                  "io_uring_rings_retired"_a = s.io_uring_rings_retired);
+                  "io_uring_rings_retired"_a = s.io_uring_rings_retired,
+                  "io_timeouts"_a = s.io_timeouts, "abandoned_ops"_a = s.abandoned_ops,
+                  "workers_replaced"_a = s.workers_replaced,
+                  "workers_stuck"_a = s.workers_stuck);
 }
 
 }  // namespace
@@ -183,7 +188,8 @@ std::unique_ptr<PyEngine> make_engine(
     const py::bytes& fingerprint, unsigned max_stores_in_flight_while_loading,
     std::size_t staging_bytes_total, std::size_t staging_buffer_bytes, bool use_cuda,
     int cuda_device, bool numa_bind, int worker_nice, bool completion_eventfd,
-    const std::string& io_engine, int load_nice, unsigned store_cap_linger_ms) {
+    const std::string& io_engine, int load_nice, unsigned store_cap_linger_ms,
+    double io_timeout_s) {
   kvtier::EngineConfig c;
   // None: sized by the machine (kvtier::machine_thread_counts of root_dir).
   c.set_root_dir(root_dir)
@@ -204,7 +210,8 @@ std::unique_ptr<PyEngine> make_engine(
       .set_completion_eventfd(completion_eventfd)
       .set_io_engine(kvtier::parse_io_engine(io_engine))
       .set_load_nice(load_nice)
-      .set_store_cap_linger_ms(store_cap_linger_ms);
+      .set_store_cap_linger_ms(store_cap_linger_ms)
+      .set_io_timeout_s(io_timeout_s);
   py::gil_scoped_release release;  // the O_DIRECT probe does I/O
   return std::make_unique<PyEngine>(std::move(c));
 }
@@ -291,7 +298,8 @@ void register_engine(py::module_& m) {
              default_of("max_stores_in_flight_while_loading"), default_of("staging_bytes_total"),
              default_of("staging_buffer_bytes"), default_of("use_cuda"), default_of("cuda_device"),
              default_of("numa_bind"), default_of("worker_nice"), default_of("completion_eventfd"),
-             default_of("io_engine"), default_of("load_nice"), default_of("store_cap_linger_ms"));
+             default_of("io_engine"), default_of("load_nice"), default_of("store_cap_linger_ms"),
+             default_of("io_timeout_s"));
   def_engine_methods(engine);
 }
 

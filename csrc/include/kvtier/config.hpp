@@ -38,6 +38,9 @@ inline constexpr std::size_t kStagingBufferMultiple = kAlignment;
 /// file_mode holds permission bits only, and always these (the owner reads and writes).
 inline constexpr mode_t kFileModeBits = 07777;
 inline constexpr mode_t kFileModeRequiredBits = 0600;
+/// io_timeout_s: finite and not negative (0 disables the deadline); at most a day.
+inline constexpr double kMinIoTimeoutSeconds = 0.0;
+inline constexpr double kMaxIoTimeoutSeconds = 86400.0;
 }  // namespace limits
 
 /// Whether block files are opened with O_DIRECT.
@@ -183,6 +186,16 @@ class KVTIER_EXPORT EngineConfig {
   /// Create an eventfd that is signalled whenever a completion is published. Default false.
   bool completion_eventfd() const noexcept;
   EngineConfig& set_completion_eventfd(bool value);
+
+  /// Deadline of one block operation, in seconds from the moment a worker starts it (default
+  /// 10; 0: no deadline). An operation still inside the kernel then fails its job's block with
+  /// ETIMEDOUT, the job is reported at once, and the engine stops waiting for it: the worker is
+  /// abandoned (it frees its own buffers when the kernel returns) and replaced. While the
+  /// deadline is on, payloads move through buffers the engine owns (one extra memory copy per
+  /// block), so a late kernel answer never touches the caller's memory. Range:
+  /// [limits::kMinIoTimeoutSeconds, limits::kMaxIoTimeoutSeconds], finite.
+  double io_timeout_s() const noexcept;
+  EngineConfig& set_io_timeout_s(double value);
 
  private:
   friend struct detail::SettingsAccess;

@@ -31,6 +31,14 @@ struct EngineStats {
   /// with pread/pwrite), and the errno it answered the last time that happened (0: never).
   std::uint64_t io_uring_rings_retired = 0;
   int io_uring_retired_errno = 0;
+  /// EngineConfig::io_timeout_s: block operations failed with ETIMEDOUT by their deadline
+  /// (cumulative), operations abandoned and still inside the kernel (now), workers started to
+  /// replace stuck ones (cumulative), workers stuck in an abandoned operation (now).
+  /// (Appended in 0.1: a program built against an older 0.1 header sees a shorter struct.)
+  std::uint64_t io_timeouts = 0;
+  std::uint64_t abandoned_ops = 0;
+  std::uint64_t workers_replaced = 0;
+  std::uint64_t workers_stuck = 0;
 };
 
 /// A pool of worker threads that stores and loads KV blocks as files.

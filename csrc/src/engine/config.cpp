@@ -47,6 +47,7 @@ KVTIER_SETTING(int, int, worker_nice)
 KVTIER_SETTING(int, int, load_nice)
 KVTIER_SETTING(bool, bool, numa_bind)
 KVTIER_SETTING(bool, bool, completion_eventfd)
+KVTIER_SETTING(double, double, io_timeout_s)
 #undef KVTIER_SETTING
 
 // ---- option spellings ----------------------------------------------------------------------

@@ -1,5 +1,7 @@
 #include "engine/config_checks.hpp"
 
+#include <cmath>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -46,6 +48,18 @@ void check_file_mode(mode_t mode) {
     refuse("file_mode must let the owner read and write (include 0o600)");
 }
 
+void check_io_timeout(double seconds) {
+  // NaN fails both comparisons, so it is refused by the negated range test.
+  if (!std::isfinite(seconds) ||
+      !(seconds >= limits::kMinIoTimeoutSeconds && seconds <= limits::kMaxIoTimeoutSeconds)) {
+    std::ostringstream what;
+    what << "io_timeout_s must be a finite number of seconds in [" << limits::kMinIoTimeoutSeconds
+         << ", " << limits::kMaxIoTimeoutSeconds << "] (0 disables the deadline), got "
+         << seconds;
+    refuse(what.str());
+  }
+}
+
 }  // namespace
 
 EngineConfig validated(EngineConfig config) {
@@ -65,6 +79,7 @@ EngineConfig validated(EngineConfig config) {
     refuse("max_stores_in_flight_while_loading must be at least " +
            std::to_string(limits::kMinStoresInFlightWhileLoading));
   check_file_mode(c.file_mode);
+  check_io_timeout(c.io_timeout_s);
   if (c.root_dir.empty()) refuse("root_dir is required: every block path must lie below it");
   return config;
 }

@@ -39,6 +39,7 @@ void Counters::snapshot(EngineStats& out) const noexcept {
   out.corrupt_files_removed = get(corrupt_files_removed_);
   out.o_direct_fallbacks = get(o_direct_fallbacks_);
   out.io_uring_rings_retired = get(io_uring_rings_retired_);
+  out.io_timeouts = get(io_timeouts_);
   out.io_uring_retired_errno = io_uring_retired_errno_.load(std::memory_order_relaxed);
 }
 

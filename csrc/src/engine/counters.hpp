@@ -16,6 +16,8 @@ class Counters {
  public:
   /// One finished (or cancelled) block operation of a load or a store.
   void record_block(bool load, const BlockResult& result) noexcept;
+  /// Blocks failed by their deadline (EngineConfig::io_timeout_s).
+  void record_timeouts(std::uint64_t blocks) noexcept { add(io_timeouts_, blocks); }
   /// One completed job.
   void record_job(bool load, bool failed) noexcept;
   /// Copies every counter into `out` (the queue and running counts are the scheduler's).
@@ -30,7 +32,7 @@ class Counters {
   Counter load_jobs_{0}, store_jobs_{0}, failed_load_jobs_{0}, failed_store_jobs_{0};
   Counter load_blocks_{0}, store_blocks_{0}, failed_load_blocks_{0}, failed_store_blocks_{0};
   Counter load_bytes_{0}, store_bytes_{0}, dedup_skips_{0}, corrupt_files_removed_{0};
-  Counter o_direct_fallbacks_{0}, io_uring_rings_retired_{0};
+  Counter o_direct_fallbacks_{0}, io_uring_rings_retired_{0}, io_timeouts_{0};
   std::atomic<int> io_uring_retired_errno_{0};
 };
 

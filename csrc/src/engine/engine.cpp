@@ -4,7 +4,13 @@
 #include <kvtier/engine.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -30,6 +36,31 @@
 #include "io/ring.hpp"
 
 namespace kvtier {
+namespace detail {
+
+/// Everything a worker's block operations touch, shared between the engine and its worker
+/// threads: a worker abandoned inside the kernel (EngineConfig::io_timeout_s) keeps it alive
+/// until it returns, so nothing it can touch is freed under it, even after the Engine is
+/// destroyed. Its own buffers live on its own stack.
+struct SharedIo {
+  SharedIo(std::size_t staging_buffer_bytes, std::size_t staging_bytes_total)
+      : staging(staging_buffer_bytes, staging_bytes_total) {}
+  EngineSettings settings;  // the engine's, copied once they are final (make_io_context)
+  RootDir root;
+  StagingPool staging;
+  IoContext io;
+  AbandonGauges gauges;  // written by the watchdog and by abandoned workers as they return
+};
+
+/// A worker thread the engine started. Guarded by Impl::workers_mutex.
+struct WorkerSlot {
+  std::thread thread;
+  WorkerPlacement placement;
+  bool done = false;  // its body returned kStopped: join it
+};
+
+}  // namespace detail
+
 inline namespace KVTIER_ABI_NAMESPACE {
 
 struct KVTIER_HIDDEN Engine::Impl {
@@ -40,8 +71,10 @@ struct KVTIER_HIDDEN Engine::Impl {
 
   EngineConfig config;  // as validated, with the machine-sized defaults and the CUDA device
   detail::EngineSettings& settings = detail::settings_of(config);  // config's, for the core
-  detail::RootDir root;
-  detail::StagingPool staging;
+  std::shared_ptr<detail::SharedIo> shared;
+  detail::RootDir& root = shared->root;
+  detail::StagingPool& staging = shared->staging;
+  detail::IoContext& io = shared->io;
   bool direct = false;
   std::string fallback_reason;
   IoEngine io_engine = IoEngine::kPsync;  // the engine in use (never kAuto)
@@ -49,16 +82,26 @@ struct KVTIER_HIDDEN Engine::Impl {
   const detail::cuda::Api* cuda = nullptr;  // set when use_cuda found a runtime
   std::vector<int> numa_cpus;
   int numa_node = -1;
-  detail::IoContext io;
 
   detail::Completions completions;
   std::optional<detail::Scheduler> scheduler;  // made once the I/O engine is known
   std::mutex shutdown_mutex;                   // serialises shutdown() callers
-  std::vector<std::thread> workers;
+
+  // The workers. With a deadline, a worker the watchdog abandons is detached and dropped from
+  // `workers` (it exits by itself when the kernel returns) and replaced while at most
+  // `worker_cap` abandoned workers are alive; `missing` holds the placements not replaced yet.
+  std::mutex workers_mutex;
+  std::condition_variable workers_changed;
+  std::list<detail::WorkerSlot> workers;  // stable addresses: a slot is its worker's owner token
+  std::deque<detail::WorkerPlacement> missing;
+  unsigned worker_cap = 0;
+  std::atomic<std::uint64_t> workers_replaced{0};
+  std::thread watchdog;
 
   explicit Impl(EngineConfig cfg)
       : config(std::move(cfg)),
-        staging(settings.staging_buffer_bytes, settings.staging_bytes_total) {}
+        shared(std::make_shared<detail::SharedIo>(settings.staging_buffer_bytes,
+                                                  settings.staging_bytes_total)) {}
 
   // Whether this is a forked child's copy: its workers never ran in this process, so nothing
   // may wait for them, or for a lock one of them might have held when the parent forked.
@@ -78,6 +121,10 @@ struct KVTIER_HIDDEN Engine::Impl {
   void make_io_context();
   detail::SchedulerOptions scheduler_options() const;
   void start_workers();
+  void spawn_worker(detail::WorkerPlacement placement);
+  void run_watchdog();
+  void replace(detail::WorkerSlot* slot);
+  void stop_workers();
   void record_ready_event(detail::Job& job, void* cuda_stream) const;
 };
 
@@ -128,7 +175,9 @@ void Engine::Impl::start_cuda() {
 }
 
 void Engine::Impl::make_io_context() {
-  io.config = &settings;
+  // The workers read the shared copy: the engine's may be gone while one of them is abandoned.
+  shared->settings = settings;
+  io.config = &shared->settings;
   io.direct = direct;
   io.io_engine = io_engine;
   io.root = &root;
@@ -148,6 +197,9 @@ detail::SchedulerOptions Engine::Impl::scheduler_options() const {
                            : std::min(c.max_stores_in_flight_while_loading, c.n_write_threads - 1);
   options.store_cap_linger = std::chrono::milliseconds(c.store_cap_linger_ms);
   options.batch_blocks = io_engine == IoEngine::kIoUring;
+  options.io_timeout = std::chrono::duration_cast<detail::Clock::duration>(
+      std::chrono::duration<double>(c.io_timeout_s));
+  options.gauges = &shared->gauges;
   return options;
 }
 
@@ -162,9 +214,98 @@ void Engine::Impl::start_workers() {
                                               : detail::WorkerRole::kLoadOnly;
     placement.nice = placement.role == detail::WorkerRole::kLoadOnly ? c.load_nice : c.worker_nice;
     placement.cpus = numa_cpus;
-    workers.emplace_back([this, placement = std::move(placement)] {
-      detail::run_worker(*scheduler, io, placement);
+    std::lock_guard lock(workers_mutex);
+    spawn_worker(std::move(placement));
+  }
+  worker_cap = c.n_read_threads + c.n_write_threads;
+  if (c.io_timeout_s > 0) watchdog = std::thread([this] { run_watchdog(); });
+}
+
+// Starts a worker (workers_mutex held). Its body holds the shared I/O state by value: once
+// abandoned, it touches nothing else of the engine, which may be gone when it returns.
+void Engine::Impl::spawn_worker(detail::WorkerPlacement placement) {
+  detail::WorkerSlot& slot = workers.emplace_back();
+  slot.placement = std::move(placement);
+  try {
+    slot.thread = std::thread(
+        [this, io_state = shared, placement = slot.placement, owner = &slot] {
+          std::size_t abandoned_blocks = 0;
+          if (detail::run_worker(*scheduler, io_state->io, placement, owner, abandoned_blocks) ==
+              detail::WorkerExit::kAbandoned) {
+            io_state->gauges.returned(abandoned_blocks);
+            return;  // `this` and `owner` may be gone
+          }
+          std::lock_guard lock(workers_mutex);
+          owner->done = true;
+          workers_changed.notify_all();
+        });
+  } catch (...) {
+    workers.pop_back();
+    throw;
+  }
+}
+
+// The deadline's thread: times out batches stuck in the kernel (Scheduler::watch), then
+// detaches their workers and replaces them, up to worker_cap abandoned workers alive.
+void Engine::Impl::run_watchdog() {
+  constexpr std::size_t kCapacity = 64;
+  detail::Abandoned found[kCapacity];
+  for (;;) {
+    bool retry = false;
+    {
+      std::lock_guard lock(workers_mutex);
+      retry = !missing.empty();
+    }
+    // Missing workers are retried as abandoned ones return (they tell nobody: poll).
+    const auto poll = retry ? std::chrono::milliseconds(50) : std::chrono::milliseconds(1000);
+    const std::size_t n = scheduler->watch(found, kCapacity, poll);
+    if (scheduler->watchdog_stopped()) return;
+    std::lock_guard lock(workers_mutex);
+    for (std::size_t i = 0; i < n; ++i) replace(static_cast<detail::WorkerSlot*>(found[i].owner));
+    while (!missing.empty() && !scheduler->stopped() &&
+           shared->gauges.workers_stuck() <= worker_cap) {
+      try {
+        spawn_worker(missing.front());
+      } catch (...) {
+        break;  // no thread now (resources): tried again at the next poll
+      }
+      missing.pop_front();
+      workers_replaced.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
+// An abandoned worker's slot (workers_mutex held): its thread is detached and forgotten, and
+// its placement waits for a replacement unless the engine is stopping.
+void Engine::Impl::replace(detail::WorkerSlot* slot) {
+  auto it = std::find_if(workers.begin(), workers.end(),
+                         [slot](const detail::WorkerSlot& s) { return &s == slot; });
+  if (it == workers.end()) return;
+  it->thread.detach();
+  if (!scheduler->stopped()) missing.push_back(std::move(it->placement));
+  workers.erase(it);
+  workers_changed.notify_all();
+}
+
+// shutdown()'s wait: every worker exits (it finished its batch) or is abandoned by the
+// watchdog (at most io_timeout_s after its batch began); then the watchdog stops.
+void Engine::Impl::stop_workers() {
+  std::vector<std::thread> exited;
+  {
+    std::unique_lock lock(workers_mutex);
+    workers_changed.wait(lock, [&] {
+      return std::all_of(workers.begin(), workers.end(),
+                         [](const detail::WorkerSlot& s) { return s.done; });
     });
+    missing.clear();
+    for (detail::WorkerSlot& s : workers) exited.push_back(std::move(s.thread));
+    workers.clear();
+  }
+  for (std::thread& t : exited)
+    if (t.joinable()) t.join();
+  if (watchdog.joinable()) {
+    scheduler->stop_watchdog();
+    watchdog.join();
   }
 }
 
@@ -242,13 +383,13 @@ void Engine::shutdown() {
   if (s.inherited()) return;  // nothing of it runs in this process: nothing to stop
   std::lock_guard serial(s.shutdown_mutex);
   s.scheduler->stop();
-  for (std::thread& t : s.workers)
-    if (t.joinable()) t.join();
-  s.workers.clear();
-  s.staging.release_all();  // no worker holds a lease any more
+  s.stop_workers();
+  s.staging.release_all();  // buffers on loan to abandoned workers come back, freed later
   // Nothing runs a block operation any more (a later submit is refused): let go of the root
-  // directory, so the volume it lies on can be unmounted without dropping the engine.
-  s.root = detail::RootDir();
+  // directory, so the volume it lies on can be unmounted without dropping the engine. An
+  // abandoned worker may still resolve a path from it when the kernel returns: then the last
+  // of them closes it (SharedIo).
+  if (s.shared->gauges.workers_stuck() == 0) s.root = detail::RootDir();
 }
 
 bool Engine::is_shut_down() const noexcept {
@@ -286,6 +427,9 @@ EngineStats Engine::stats() const {
   if (s.inherited()) s.refuse_inherited();
   EngineStats st;
   s.scheduler->stats(st);
+  st.abandoned_ops = s.shared->gauges.abandoned_ops();
+  st.workers_stuck = s.shared->gauges.workers_stuck();
+  st.workers_replaced = s.workers_replaced.load(std::memory_order_relaxed);
   return st;
 }
 

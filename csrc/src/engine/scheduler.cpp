@@ -142,7 +142,113 @@ bool Scheduler::next_batch(WorkerRole role, Batch& batch) {
     batch.ops[i] = &batch.tasks[i].op();
     batch.results[i] = BlockResult{};
   }
+  if (options_.io_timeout.count() > 0) {
+    batch.deadline = Clock::now() + options_.io_timeout;
+    batch.state.store(BatchState::kCopying, std::memory_order_relaxed);
+    link_running(batch);
+  }
   return true;
+}
+
+// Newest last: every batch gets the same timeout, so the list is in deadline order and the
+// watchdog only ever looks at its front.
+void Scheduler::link_running(Batch& batch) noexcept {
+  batch.running_prev = running_newest_;
+  batch.running_next = nullptr;
+  (running_newest_ != nullptr ? running_newest_->running_next : running_oldest_) = &batch;
+  running_newest_ = &batch;
+  batch.running_linked = true;
+  if (batch.running_prev == nullptr) watchdog_.notify_one();  // it waited for no deadline
+}
+
+void Scheduler::unlink_running(Batch& batch) noexcept {
+  if (!batch.running_linked) return;
+  (batch.running_prev != nullptr ? batch.running_prev->running_next : running_oldest_) =
+      batch.running_next;
+  (batch.running_next != nullptr ? batch.running_next->running_prev : running_newest_) =
+      batch.running_prev;
+  batch.running_prev = batch.running_next = nullptr;
+  batch.running_linked = false;
+}
+
+std::size_t Scheduler::watch(Abandoned* out, std::size_t capacity, Clock::duration poll) noexcept {
+  std::unique_lock lock(mutex_);
+  const Clock::time_point give_up = Clock::now() + poll;
+  while (!watchdog_stopped_) {
+    const Clock::time_point now = Clock::now();
+    if (const std::size_t n = expire(now, out, capacity)) return n;
+    if (now >= give_up) return 0;
+    // Until the front batch's deadline; shortly when it is still copying past it (it is
+    // timed out as soon as it enters the kernel).
+    Clock::time_point until = give_up;
+    if (running_oldest_ != nullptr)
+      until = std::min(until, running_oldest_->deadline > now
+                                  ? running_oldest_->deadline
+                                  : now + std::chrono::milliseconds(5));
+    watchdog_.wait_until(lock, until);
+  }
+  return 0;
+}
+
+// Times out the batches past their deadline that are inside the kernel (mutex held). The
+// batch's memory is the worker's: read everything needed before the compare-and-swap, for
+// once the watchdog has won, the worker may return from the kernel and free it at any time.
+std::size_t Scheduler::expire(Clock::time_point now, Abandoned* out,
+                              std::size_t capacity) noexcept {
+  std::size_t n = 0;
+  Batch* batch = running_oldest_;
+  while (batch != nullptr && batch->deadline <= now && n < capacity) {
+    Batch* next = batch->running_next;
+    if (batch->state.load(std::memory_order_acquire) != BatchState::kInKernel) {
+      batch = next;  // copying (bounded), or claimed and on its way to finish_batch
+      continue;
+    }
+    Task tasks[kMaxBatchBlocks];
+    const std::size_t size = batch->size;
+    const bool is_load = batch->is_load;
+    void* owner = batch->owner;
+    for (std::size_t i = 0; i < size; ++i) tasks[i] = batch->tasks[i];
+    unlink_running(*batch);
+    options_.gauges->abandon(size);
+    BatchState expected = BatchState::kInKernel;
+    if (!batch->state.compare_exchange_strong(expected, BatchState::kTimedOut,
+                                              std::memory_order_acq_rel)) {
+      options_.gauges->returned(size);
+      link_running(*batch);  // the worker claimed it first; its finish_batch unlinks it
+      batch = next;
+      continue;
+    }
+    // From here on `batch` is never touched again.
+    after_batch(is_load, size);
+    counters_.record_timeouts(size);
+    for (std::size_t i = 0; i < size; ++i) {
+      BlockResult r;
+      r.error = ETIMEDOUT;
+      r.operation = is_load ? "load" : "store";
+      // Static text (no allocation); the job's report adds the block's path.
+      r.note = "block operation did not finish within io_timeout_s; abandoned in the kernel "
+               "(the storage stopped answering)";
+      // Published with the mutex held, like a job without blocks: drain() never sees it gone
+      // before it is poppable.
+      if (Job* job = finish_block(tasks[i], std::move(r))) completions_.publish(job);
+    }
+    out[n++] = Abandoned{owner, size};
+    batch = next;
+  }
+  return n;
+}
+
+void Scheduler::stop_watchdog() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    watchdog_stopped_ = true;
+  }
+  watchdog_.notify_all();
+}
+
+bool Scheduler::watchdog_stopped() const noexcept {
+  std::lock_guard lock(mutex_);
+  return watchdog_stopped_;
 }
 
 void Scheduler::finish_batch(Batch& batch) noexcept {
@@ -150,6 +256,8 @@ void Scheduler::finish_batch(Batch& batch) noexcept {
   std::size_t n_completed = 0;
   {
     std::lock_guard lock(mutex_);
+    unlink_running(batch);
+    batch.state.store(BatchState::kIdle, std::memory_order_relaxed);
     after_batch(batch.is_load, batch.size);
     for (std::size_t i = 0; i < batch.size; ++i)
       if (Job* job = finish_block(batch.tasks[i], std::move(batch.results[i])))

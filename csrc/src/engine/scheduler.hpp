@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <atomic>
 #include <unordered_set>
 
 #include <kvtier/engine.hpp>
@@ -28,6 +29,31 @@ enum class WorkerRole : std::uint8_t {
   kStoreFirst,  ///< stores first, loads when no store may run
 };
 
+/// The gauges of abandoned work (EngineStats::abandoned_ops, workers_stuck). Raised by the
+/// watchdog before it wins a batch (so an abandoned worker that returns at once never takes
+/// them below zero), lowered by the worker as it returns from the kernel. Lives with the
+/// state abandoned workers share (engine.cpp's SharedIo), not with the scheduler.
+class AbandonGauges {
+ public:
+  void abandon(std::size_t blocks) noexcept {
+    ops_.fetch_add(blocks, std::memory_order_relaxed);
+    workers_.fetch_add(1, std::memory_order_relaxed);
+  }
+  /// An abandoned worker returned from the kernel (or the watchdog lost the race). Release:
+  /// whoever sees the gauge at 0 sees everything the worker did before.
+  void returned(std::size_t blocks) noexcept {
+    ops_.fetch_sub(blocks, std::memory_order_release);
+    workers_.fetch_sub(1, std::memory_order_release);
+  }
+  std::uint64_t abandoned_ops() const noexcept { return ops_.load(std::memory_order_acquire); }
+  std::uint64_t workers_stuck() const noexcept {
+    return workers_.load(std::memory_order_acquire);
+  }
+
+ private:
+  std::atomic<std::uint64_t> ops_{0}, workers_{0};
+};
+
 /// The scheduling choices an engine's configuration makes.
 struct SchedulerOptions {
   /// Store operations at most in flight while loads wait or run (already adjusted: see
@@ -38,6 +64,23 @@ struct SchedulerOptions {
   /// Whether a worker takes up to kMaxBatchBlocks blocks of one job at once (the io_uring
   /// engine submits them together; psync gains nothing from it).
   bool batch_blocks = false;
+  /// EngineConfig::io_timeout_s as a duration; zero: batches have no deadline.
+  Clock::duration io_timeout{0};
+  /// Where the watchdog counts what it abandons (required with io_timeout).
+  AbandonGauges* gauges = nullptr;
+};
+
+/// Where a batch with a deadline stands. The worker and the watchdog race for the batch once
+/// it is inside the kernel; one compare-and-swap decides, and whoever wins owns its outcome
+/// (the loser never touches the caller's memory or the batch's jobs again).
+enum class BatchState : int {
+  kIdle,       ///< no deadline (io_timeout_s 0), or not running
+  kCopying,    ///< copying the payload into the worker's own buffers: never timed out there
+               ///< (memory speed, bounded), so the deadline waits for kInKernel
+  kInKernel,   ///< the I/O runs on the worker's own buffers; the deadline applies
+  kClaimed,    ///< the worker won: it copies loads out and records the batch as usual
+  kTimedOut,   ///< the watchdog won: the batch's blocks failed with ETIMEDOUT and were
+               ///< reported; the worker is abandoned and exits when the kernel returns
 };
 
 /// A batch's place in drain()'s view between the moment its job left the list of incomplete
@@ -62,6 +105,31 @@ struct Batch {
 
   /// The submitter's event the batch's device copies wait for (null: none).
   cuda::Event ready() const noexcept { return tasks[0].job->ready; }
+
+  // With a deadline (SchedulerOptions::io_timeout): set by next_batch, read by the watchdog
+  // with the scheduler's mutex held; `state` is the one field both sides write without it.
+  std::atomic<BatchState> state{BatchState::kIdle};
+  Clock::time_point deadline{};
+  Batch* running_prev = nullptr;  // the scheduler's list of batches with a deadline
+  Batch* running_next = nullptr;
+  bool running_linked = false;
+  void* owner = nullptr;  // the worker running it, handed to the watchdog's callback
+
+  /// The worker: the I/O on its own buffers begins (the deadline applies from now on).
+  void enter_kernel() noexcept { state.store(BatchState::kInKernel, std::memory_order_release); }
+  /// The worker: the I/O returned. True when it won the batch; false when the watchdog timed
+  /// it out first (the worker must then touch neither the jobs nor the caller's memory).
+  bool claim() noexcept {
+    BatchState expected = BatchState::kInKernel;
+    return state.compare_exchange_strong(expected, BatchState::kClaimed,
+                                         std::memory_order_acq_rel);
+  }
+};
+
+/// What the watchdog abandoned: the worker (Batch::owner) and the blocks of its batch.
+struct Abandoned {
+  void* owner = nullptr;
+  std::size_t blocks = 0;
 };
 
 /// The engine's queues and who runs what: loads first, the store cap, read-after-write
@@ -116,6 +184,18 @@ class Scheduler {
   /// Frees the ids of delivered jobs (linked by Job::undelivered_next) for reuse.
   void release_ids(const Job* delivered) noexcept;
 
+  // ---- the watchdog (SchedulerOptions::io_timeout > 0) -----------------------------------
+
+  /// Waits until a batch's deadline passes, `poll` elapses or stop_watchdog() is called, then
+  /// times out every batch inside the kernel past its deadline: its blocks fail with
+  /// ETIMEDOUT, the jobs they completed are published at once, and each such batch is
+  /// written to `out` (at most `capacity`; the rest wait for the next call). Returns how
+  /// many; 0 also after stop_watchdog(). Never throws.
+  std::size_t watch(Abandoned* out, std::size_t capacity, Clock::duration poll) noexcept;
+  /// Makes watch() return at once, now and from now on.
+  void stop_watchdog() noexcept;
+  bool watchdog_stopped() const noexcept;
+
  private:
   // All of these run with mutex_ held.
   void enqueue(Job& job);
@@ -137,6 +217,9 @@ class Scheduler {
   void cancel(const Task& task) noexcept;
   void link_incomplete(Job* job) noexcept;
   void complete_job(Job* job) noexcept;
+  void link_running(Batch& batch) noexcept;
+  void unlink_running(Batch& batch) noexcept;
+  std::size_t expire(Clock::time_point now, Abandoned* out, std::size_t capacity) noexcept;
   void end_publication(Publication& publication) noexcept;
   bool drained_through(std::uint64_t horizon) const noexcept;
   bool publishing_begun_by(std::uint64_t ticket) const noexcept;
@@ -174,6 +257,13 @@ class Scheduler {
   std::uint64_t last_ticket_ = 0;
   std::size_t drain_waiters_ = 0;
   std::condition_variable drained_;
+
+  // Batches with a deadline, oldest first (their deadlines are in start order, since every
+  // batch gets the same io_timeout), and the watchdog waiting for the first to expire.
+  Batch* running_oldest_ = nullptr;
+  Batch* running_newest_ = nullptr;
+  std::condition_variable watchdog_;
+  bool watchdog_stopped_ = false;
 
   Counters counters_;
   std::atomic<std::uint64_t> outstanding_{0};  // submitted jobs not yet completed (stats)

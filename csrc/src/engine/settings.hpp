@@ -33,6 +33,7 @@ struct EngineSettings {
   int load_nice = 0;
   bool numa_bind = false;
   bool completion_eventfd = false;
+  double io_timeout_s = 10.0;
 };
 
 /// The core's way into an EngineConfig's settings.

@@ -8,8 +8,11 @@
 #include <cerrno>
 #include <new>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "io/block_file.hpp"
+#include "io/owned_payload.hpp"
 #include "io/worker_context.hpp"
 
 namespace kvtier::detail {
@@ -33,14 +36,73 @@ void place(const WorkerPlacement& placement) {
 
 }  // namespace
 
+namespace {
+
+// A batch under a deadline (EngineConfig::io_timeout_s > 0), on the worker's own buffers:
+// stores copied in first, the I/O, then the claim; loads copied out only after it. Returns
+// false when the watchdog timed the batch out first: the worker is abandoned then, and must
+// touch neither the batch's jobs nor the caller's memory (it exits at once).
+bool run_owned(const IoContext& io, WorkerContext& worker, OwnedPayloads& owned, Batch& batch) {
+  const std::size_t n = batch.size;
+  const char* what = batch.is_load ? "load" : "store";
+  try {
+    owned.prepare(io, batch.ops, n);
+  } catch (const std::bad_alloc&) {
+    for (std::size_t i = 0; i < n; ++i)
+      batch.results[i] = unallocated_failure(ENOMEM, what, "out of memory for the owned buffers");
+    batch.enter_kernel();
+    return batch.claim();
+  }
+  // Blocks whose copy-in failed are not run: `run[]` lists the ones that go to the kernel.
+  const BlockOp* run_ops[kMaxBatchBlocks];
+  BlockResult run_results[kMaxBatchBlocks];
+  std::size_t run_index[kMaxBatchBlocks];
+  std::size_t n_run = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!batch.is_load) {
+      StepError e = copy_into_owned(io, worker, *batch.ops[i], owned.payload(i), batch.ready());
+      if (e) {
+        batch.results[i] = failure(e.error, e.operation, std::string(), std::move(e.message));
+        continue;
+      }
+    }
+    run_index[n_run] = i;
+    run_ops[n_run++] = &owned.op(i);
+  }
+  batch.enter_kernel();
+  // The owned ops are host memory: the submitter's event matters only for the copy steps.
+  run_blocks(io, worker, batch.is_load, run_ops, n_run, nullptr, run_results);
+  if (!batch.claim()) return false;
+  for (std::size_t k = 0; k < n_run; ++k) {
+    const std::size_t i = run_index[k];
+    BlockResult& r = run_results[k];
+    if (batch.is_load && r.ok()) {
+      StepError e = copy_out_of_owned(io, worker, *batch.ops[i], owned.payload(i), batch.ready());
+      if (e) {
+        BlockResult f = failure(e.error, e.operation, std::string(), std::move(e.message));
+        f.o_direct_fallback = r.o_direct_fallback;
+        r = std::move(f);
+      }
+    }
+    batch.results[i] = std::move(r);
+  }
+  return true;
+}
+
+}  // namespace
+
 // The worker's own buffers (WorkerContext) are allocated on its thread, where a bad_alloc
 // would end the process: a worker that cannot have them fails its batches with ENOMEM and
 // tries again at the next one, so every job is still reported. next_batch() throws only what
 // std::mutex and std::condition_variable throw for a broken mutex (a bug, never the storage).
-void run_worker(Scheduler& scheduler, const IoContext& io, const WorkerPlacement& placement) {
+WorkerExit run_worker(Scheduler& scheduler, const IoContext& io, const WorkerPlacement& placement,
+                      void* owner, std::size_t& abandoned_blocks) {
   place(placement);
   std::optional<WorkerContext> worker;
+  OwnedPayloads owned;
+  const bool deadline = io.config->io_timeout_s > 0;
   Batch batch;
+  batch.owner = owner;
   while (scheduler.next_batch(placement.role, batch)) {
     if (!worker) {
       try {
@@ -48,15 +110,28 @@ void run_worker(Scheduler& scheduler, const IoContext& io, const WorkerPlacement
       } catch (const std::bad_alloc&) {
       }
     }
-    if (worker) {
-      run_blocks(io, *worker, batch.is_load, batch.ops, batch.size, batch.ready(), batch.results);
-    } else {
+    if (!worker) {
       for (std::size_t i = 0; i < batch.size; ++i)
         batch.results[i] = unallocated_failure(ENOMEM, batch.is_load ? "load" : "store",
                                                "out of memory for the worker's buffers");
+      if (deadline) {
+        batch.enter_kernel();
+        if (!batch.claim()) {
+          abandoned_blocks = batch.size;
+          return WorkerExit::kAbandoned;
+        }
+      }
+    } else if (deadline) {
+      if (!run_owned(io, *worker, owned, batch)) {
+          abandoned_blocks = batch.size;
+          return WorkerExit::kAbandoned;
+        }
+    } else {
+      run_blocks(io, *worker, batch.is_load, batch.ops, batch.size, batch.ready(), batch.results);
     }
     scheduler.finish_batch(batch);
   }
+  return WorkerExit::kStopped;
 }
 
 }  // namespace kvtier::detail
