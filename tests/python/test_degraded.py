@@ -338,7 +338,7 @@ def test_many_threads_while_degraded(
     assert len(results) == 400
     assert all(not r.success and "is degraded" in (r.error or "") for r in results.values())
     assert tier.stats()["dropped_store_jobs"] == 0
-    stallfs.thaw()
+    stallfs.reset()
 
 
 # ---- real stalls: operations frozen in the kernel, deadlines in the core ------------------
