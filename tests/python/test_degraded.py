@@ -505,3 +505,49 @@ def test_interpreter_exit_returns_with_the_mount_frozen(stallfs: StallFS, tmp_pa
             if child.poll() is None:
                 child.kill()
     assert child.returncode == 0, child.stderr.read() if child.stderr else ""
+
+
+def test_gpu_storage_transfer_shares_the_roots_health(
+    stallfs: StallFS, primary: memoryview, tiers: list[FileSystemTierManager]
+) -> None:
+    """GPUStorageTransfer (here over CPU tensors) on the root an fs tier degraded: its stores
+    and loads fail at once through get_finished(), and work again once the probe answers; a
+    timeout of its own degrades the fs tier."""
+    torch = pytest.importorskip("torch")
+    from kvtier.gpu.transfer import GPUStorageTransfer
+
+    root = stallfs.mountpoint / "root"
+    tier = _tier(root, primary)
+    tiers.append(tier)
+    kv = torch.arange(8 * 4096, dtype=torch.float32).reshape(8, 4096)
+    xfer = GPUStorageTransfer([kv], SPEC, str(root), n_read_threads=1, n_write_threads=1,
+                              io_timeout_s=SHORT_TIMEOUT)  # fmt: skip
+    try:
+        ids = Ids()
+        _degrade_with_timeout_errno(tier, stallfs, ids)
+        assert xfer.stats()["health"] == "degraded"
+        xfer.store(ids(), [0], [_key(7)])
+        load_id = ids()
+        xfer.load(load_id, [1], [_key(7)])
+        results = {r.job_id: r for r in xfer.get_finished()}  # ready at once
+        assert len(results) == 2 and all(not r.success for r in results.values())
+        assert all("is degraded" in (r.error or "") for r in results.values())
+        assert results[load_id].successful_keys == []
+
+        stallfs.fail(0)
+        _wait_for("the root recovered", lambda: xfer.stats()["health"] == "healthy")
+        store_id = ids()
+        xfer.store(store_id, [2], [_key(8)])
+        assert _collect(xfer, {store_id})[store_id].success
+
+        # The transfer's own timeout (the storage answers ETIMEDOUT) degrades the fs tier.
+        stallfs.fail(errno.ETIMEDOUT, "data")
+        store_id = ids()
+        xfer.store(store_id, [3], [_key(9)])
+        assert not _collect(xfer, {store_id})[store_id].success
+        assert tier.stats()["health"] == "degraded"
+        assert tier.lookup(_key(8), CTX) is False
+        stallfs.fail(0)
+        _wait_for("the root recovered", lambda: tier.stats()["health"] == "healthy")
+    finally:
+        _guarded(xfer.shutdown, "the transfer's shutdown")
