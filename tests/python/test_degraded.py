@@ -424,7 +424,7 @@ def test_frozen_mount_times_out_degrades_and_recovers(
 
 
 @needs_deadlines
-def test_shutdown_and_gc_return_with_the_mount_frozen(
+def test_drain_shutdown_and_gc_return_with_the_mount_frozen(
     stallfs: StallFS, primary: memoryview
 ) -> None:
     ids = Ids()
@@ -436,6 +436,7 @@ def test_shutdown_and_gc_return_with_the_mount_frozen(
         tier.submit_store(_job(job_id, [_key(2)], [2]))
         stallfs.wait_blocked(1)
         if how == "shutdown":
+            _guarded(tier.drain_jobs, "drain_jobs with the mount frozen")
             _guarded(tier.shutdown, "shutdown with the mount frozen")
             assert job_id in {r.job_id for r in tier.get_finished()}
         else:
