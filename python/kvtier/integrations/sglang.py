@@ -11,12 +11,12 @@ SGLang constructs the class as ``KvtierHiCacheStorage(storage_config, kwargs)`` 
 ``register_mem_pool_host(host_pool)``. Every key of the extra config other than SGLang's own
 (``backend_name``, ``module_path``, ``class_name``, ``interface_v1``) is an option of kvtier's
 ``fs`` tier (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
-``durability``, ``file_mode``, ``worker_nice``, ``load_nice``, ``io_engine``, ``io_timeout_s``, the
-capacity
-options ``max_bytes``, ``min_free_fraction`` and ``eviction``, and whatever FsTierOptions
-gains), validated with the fs tier's errors. The capacity options hold this backend's pages
-within the root's budget exactly as the fs tier's blocks (one budget for every process and
-host on the root, LRU by last use), so SGLang, vLLM and ``kvtier gc`` can share a root.
+``durability``, ``file_mode``, ``worker_nice``, ``load_nice``, ``io_engine``, ``io_timeout_s``,
+the capacity options ``max_bytes``, ``min_free_fraction`` and ``eviction``, and whatever
+FsTierOptions gains), validated with the fs tier's errors. The capacity options hold this
+backend's pages within the root's budget exactly as the fs tier's blocks (one budget for every
+process and host on the root, LRU by last use), so SGLang, vLLM and ``kvtier gc`` can share a
+root.
 ``interface_v1`` makes SGLang use the zero-copy calls (``batch_get_v1`` / ``batch_set_v1``);
 without it SGLang uses the generic ones (``batch_get`` / ``batch_set`` with one flat tensor per
 page). Both write the same files. See docs/sglang.md.

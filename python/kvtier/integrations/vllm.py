@@ -18,10 +18,10 @@ and a module. In ``kv_connector_extra_config`` of the ``OffloadingConnector``::
 Every other key of the entry is an option of kvtier's ``fs`` tier (``n_read_threads``,
 ``n_write_threads``, ``o_direct``, ``checksum``, ``durability``, ``file_mode``, ``worker_nice``,
 ``io_engine``, ``io_timeout_s``, ``async_lookup``, ``max_queued_store_jobs``, and the capacity
-options ``max_bytes``,
-``min_free_fraction``, ``eviction``), validated by kvtier, plus the keys vLLM itself understands for
-storage tiers: ``locality`` (``"LOCAL"`` or ``"REMOTE"``), ``enable_kv_events`` and ``backpressure``
-(which vLLM's factory turns into a detector). See docs/vllm.md.
+options ``max_bytes``, ``min_free_fraction``, ``eviction``), validated by kvtier, plus the keys
+vLLM itself understands for storage tiers: ``locality`` (``"LOCAL"`` or ``"REMOTE"``),
+``enable_kv_events`` and ``backpressure`` (which vLLM's factory turns into a detector). See
+docs/vllm.md.
 
 The tier runs in vLLM's scheduler process. It converts vLLM's types to kvtier's and back: a
 ``TransferJob`` (``chunk_ids``) becomes a kvtier ``JobMetadata`` (``block_ids``); kvtier's
