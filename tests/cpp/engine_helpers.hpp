@@ -37,6 +37,17 @@ inline kvtier::EngineConfig engine_config(const TempDir& dir,
   return c;
 }
 
+/// engine_config() for tests that hold workers with a Gate: without a deadline
+/// (io_timeout_s 0), the only mode in which a load reads straight into the caller's memory
+/// (with a deadline it reads into the worker's own buffer, which no Gate can hold).
+inline kvtier::EngineConfig gated_config(const TempDir& dir,
+                                         kvtier::ODirectMode mode = kvtier::ODirectMode::kOff,
+                                         unsigned readers = 2, unsigned writers = 2) {
+  kvtier::EngineConfig c = engine_config(dir, mode, readers, writers);
+  c.set_io_timeout_s(0);
+  return c;
+}
+
 inline kvtier::BlockOp block(const std::string& path, const std::string& key, void* data,
                              std::size_t length) {
   kvtier::BlockOp op;
@@ -120,6 +131,10 @@ constexpr int kGateErrno = EBADMSG;
 /// gate file is removed as corrupt, so a later load of it fails with ENOENT). Block paths
 /// that are FIFOs no longer block a load (they fail at once), hence userfaultfd; handling
 /// faults of kernel copies needs CAP_SYS_PTRACE (root) or vm.unprivileged_userfaultfd=1.
+///
+/// Only with io_timeout_s 0 (gated_config): with a deadline a load reads into the worker's
+/// own buffer and a store copies the gated memory before its I/O, so neither parks in the
+/// kernel's copy.
 ///
 /// Declare a Gate *after* the Engine it parks: if the test fails early, the Gate's destructor
 /// (which runs first) lets any parked worker go, so the Engine's destructor cannot hang.

@@ -226,7 +226,11 @@ KV_TEST(device_blocks_round_trip_through_pinned_staging) {
   const long pageable_before = fake.pageable_copies();
   const long copies_before = fake.calls("cudaMemcpyAsync") + fake.calls("cudaMemcpyBatchAsync");
   {
-    Engine engine(device_config(dir, 0, 3, 3));
+    // The staging pool moves device payloads without a deadline; with one they go through
+    // the workers' own arenas (device_blocks_round_trip_through_the_workers_own_arenas).
+    EngineConfig config = device_config(dir, 0, 3, 3);
+    config.set_io_timeout_s(0);
+    Engine engine(config);
     CHECK(engine.cuda_enabled());
     const std::vector<std::string> names{"b0", "b1", "b2", "b3"};
     const Completion s = run(engine, 1, Direction::kStore, ops(dir, kv, names, {0, 1, 2, 3}));
@@ -247,6 +251,32 @@ KV_TEST(device_blocks_round_trip_through_pinned_staging) {
   if (batch_runtime()) CHECK(fake.calls("cudaMemcpyBatchAsync") > 0);
 }
 
+// With io_timeout_s (the default), a device payload is copied whole into the worker's own
+// pinned arena before a store's write and out of it after a load's claim, so an abandoned
+// operation never reaches device memory; no copy is pageable, and the arenas are unpinned
+// when the workers exit.
+KV_TEST(device_blocks_round_trip_through_the_workers_own_arenas) {
+  const Standin& fake = Standin::get();
+  TempDir dir;
+  Kv kv(8, 23);
+  const long pageable_before = fake.pageable_copies();
+  {
+    Engine engine(device_config(dir, 0, 1, 1));
+    CHECK(engine.config().io_timeout_s() > 0);
+    const std::vector<std::string> names{"b0", "b1", "b2", "b3"};
+    const Completion s = run(engine, 1, Direction::kStore, ops(dir, kv, names, {0, 1, 2, 3}));
+    CHECK_MSG(s.success, kvtest::describe(s));
+    CHECK(fake.registered_bytes() > 0);
+    for (std::size_t b = 4; b < 8; ++b) kv.zero(b);
+    const Completion l = run(engine, 2, Direction::kLoad, ops(dir, kv, names, {7, 6, 5, 4}));
+    CHECK_MSG(l.success, kvtest::describe(l));
+    for (std::size_t b = 0; b < 4; ++b) CHECK(kv.bytes(7 - b) == kv.bytes(b));
+    CHECK_EQ(kvtest::file_size(dir / "b0"), off_t(4096 + 16384));
+  }
+  CHECK_EQ(fake.registered_bytes(), 0L);
+  CHECK_EQ(fake.pageable_copies(), pageable_before);
+}
+
 KV_TEST(device_blocks_that_fit_one_buffer_use_registered_buffers_on_io_uring) {
   const Standin& fake = Standin::get();
   TempDir dir;
@@ -254,7 +284,9 @@ KV_TEST(device_blocks_that_fit_one_buffer_use_registered_buffers_on_io_uring) {
   const long pageable_before = fake.pageable_copies();
   Opcodes ring;  // engines start after it, stop before it goes
   {
-    Engine engine(device_config(dir, 0, 2, 2, kWhole));
+    EngineConfig config = device_config(dir, 0, 2, 2, kWhole);
+    config.set_io_timeout_s(0);  // registered buffers are the staging pool's (see above)
+    Engine engine(config);
     const std::vector<std::string> names{"b0", "b1", "b2", "b3"};
     const Completion s = run(engine, 1, Direction::kStore, ops(dir, kv, names, {0, 1, 2, 3}));
     CHECK_MSG(s.success, kvtest::describe(s));

@@ -106,7 +106,7 @@ KV_TEST(drain_returns_while_another_thread_keeps_storing) {
   // lets the previous one finish), so the engine is never idle, deterministically. drain()
   // must return anyway, and every job submitted before it must be complete and poppable.
   TempDir dir;
-  Engine engine(kvtest::engine_config(dir, ODirectMode::kOff, 2, 1));
+  Engine engine(kvtest::gated_config(dir, ODirectMode::kOff, 2, 1));
   const auto bytes = kvtest::pattern(4096, 5);
   std::vector<unsigned char> scratch(4096);
   std::atomic<JobId> submitted{0};  // ids [0, submitted) have been submitted
@@ -181,7 +181,7 @@ KV_TEST(load_waits_for_a_pending_store_of_its_path) {
   // One load-first worker, held by a gate. Behind it: a store of P, then a load of P. A
   // load-first worker would take the load first and miss; the load must wait for the store.
   TempDir dir;
-  Engine engine(kvtest::engine_config(dir, ODirectMode::kOff, 1, 0));
+  Engine engine(kvtest::gated_config(dir, ODirectMode::kOff, 1, 0));
   Gate gate(dir / "gate");
   std::vector<unsigned char> scratch(4096);
   engine.submit(1, Direction::kLoad, {gate.op(scratch.data(), scratch.size())});
@@ -207,7 +207,7 @@ KV_TEST(load_after_two_stores_and_after_a_failed_store) {
   // a store that fails (its parent is a regular file): the loads behind them run once those
   // stores are done, the first byte-exact, the second failing like any miss. Nothing hangs.
   TempDir dir;
-  Engine engine(kvtest::engine_config(dir, ODirectMode::kOff, 1, 0));
+  Engine engine(kvtest::gated_config(dir, ODirectMode::kOff, 1, 0));
   Gate gate(dir / "gate");
   std::vector<unsigned char> scratch(4096);
   engine.submit(1, Direction::kLoad, {gate.op(scratch.data(), scratch.size())});
@@ -242,7 +242,7 @@ KV_TEST(shutdown_cancels_parked_loads) {
   // The worker is held in a second gate while a load of P is parked behind a store of P that
   // has not started: shutdown() fails both with ECANCELED and reports them.
   TempDir dir;
-  Engine engine(kvtest::engine_config(dir, ODirectMode::kOff, 1, 0));
+  Engine engine(kvtest::gated_config(dir, ODirectMode::kOff, 1, 0));
   Gate first(dir / "gate1");
   Gate second(dir / "gate2");
   std::vector<unsigned char> scratch(4096), back(4096);

@@ -84,7 +84,7 @@ int child_checks(std::unique_ptr<Engine>& inherited, const TempDir& dir) {
 KV_TEST(forked_child_refuses_the_inherited_engine_and_drops_it_cleanly) {
   TempDir dir;
   auto engine =
-      std::make_unique<Engine>(kvtest::engine_config(dir, kvtier::ODirectMode::kOff, 1, 0));
+      std::make_unique<Engine>(kvtest::gated_config(dir, kvtier::ODirectMode::kOff, 1, 0));
   Gate gate(dir / "gate");  // after the engine: released first if the test fails early
   std::vector<unsigned char> scratch(kBlock);
   engine->submit(1000, Direction::kLoad, {gate.op(scratch.data(), kBlock)});

@@ -148,7 +148,7 @@ KV_TEST(pop_respects_max) {
 
 KV_TEST(duplicate_in_flight_job_id_is_rejected) {
   TempDir dir;
-  Engine engine(kvtest::engine_config(dir, ODirectMode::kOff, 1, 0));
+  Engine engine(kvtest::gated_config(dir, ODirectMode::kOff, 1, 0));
   std::vector<unsigned char> scratch(4096);
   Gate gate(dir / "gate");  // after the engine: see Gate
   engine.submit(7, Direction::kLoad, {gate.op(scratch.data(), scratch.size())});  // running
@@ -254,7 +254,7 @@ KV_TEST(shutdown_with_queued_and_running_work) {
   // started with ECANCELED, and report every job exactly once.
   TempDir dir;
   const auto bytes = kvtest::pattern(8192, 9);
-  EngineConfig config = kvtest::engine_config(dir, ODirectMode::kOff, 1, 0);
+  EngineConfig config = kvtest::gated_config(dir, ODirectMode::kOff, 1, 0);
   {
     Engine writer(config);
     for (int i = 0; i < 3; ++i)

@@ -122,7 +122,7 @@ std::size_t stores_before_first_load(const std::vector<Completion>& work) {
 // wait for the backlog, and while it is queued or running at most `cap` stores may run.
 void load_overtakes_store_backlog(unsigned readers, unsigned writers, unsigned cap) {
   Fixture f;
-  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kAuto, readers, writers);
+  EngineConfig config = kvtest::gated_config(f.dir, kvtier::ODirectMode::kAuto, readers, writers);
   config.set_max_stores_in_flight_while_loading(cap);
   config.set_durability(kvtier::Durability::kData);  // each store waits for the device
   f.prepare_load_files(config, 1);
@@ -171,7 +171,7 @@ KV_TEST(loads_before_stores_fifo_within_each_queue) {
   // One load-first worker: once let go it serves every queued load (in submission order)
   // before the stores that were queued earlier, then the stores in submission order.
   Fixture f;
-  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 1, 0);
+  EngineConfig config = kvtest::gated_config(f.dir, kvtier::ODirectMode::kOff, 1, 0);
   f.prepare_load_files(config, 3);
   Engine& engine = f.start(config);
   f.park(engine, 1);
@@ -192,7 +192,7 @@ KV_TEST(loads_before_stores_fifo_within_each_queue) {
 KV_TEST(store_first_worker_serves_a_store_behind_a_load_flood) {
   // Nothing starves: with a load flood queued, the store-first worker still takes the store.
   Fixture f;
-  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kAuto, 1, 1);
+  EngineConfig config = kvtest::gated_config(f.dir, kvtier::ODirectMode::kAuto, 1, 1);
   constexpr int kLoads = 400;
   f.prepare_load_files(config, kLoads);
   Engine& engine = f.start(config);
@@ -262,7 +262,7 @@ KV_TEST(load_runs_while_stores_hold_every_store_worker) {
   // Every store-first worker is inside a store that cannot finish, and more stores are
   // queued: the load-first worker does not take them, so a load submitted now runs at once.
   Fixture f;
-  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 1, 2);
+  EngineConfig config = kvtest::gated_config(f.dir, kvtier::ODirectMode::kOff, 1, 2);
   f.prepare_load_files(config, 1);
   Engine& engine = f.start(config);
   hold_stores(f, engine, 2);
@@ -287,7 +287,7 @@ KV_TEST(load_starts_before_queued_stores_when_a_store_worker_frees) {
   // are queued. The first worker let go takes the load (the cap of 1 is held by the other
   // store), and no queued store completes before it.
   Fixture f;
-  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 0, 2);
+  EngineConfig config = kvtest::gated_config(f.dir, kvtier::ODirectMode::kOff, 0, 2);
   config.set_max_stores_in_flight_while_loading(1);
   f.prepare_load_files(config, 1);
   Engine& engine = f.start(config);
@@ -312,7 +312,7 @@ KV_TEST(store_cap_outlasts_the_last_load_by_the_linger) {
   // within store_cap_linger_ms still run at most max_stores_in_flight_while_loading at once,
   // so the next load finds a short queue. (The linger here outlasts the test.)
   Fixture f;
-  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 1, 3);
+  EngineConfig config = kvtest::gated_config(f.dir, kvtier::ODirectMode::kOff, 1, 3);
   config.set_max_stores_in_flight_while_loading(1);
   config.set_store_cap_linger_ms(3600 * 1000);
   f.prepare_load_files(config, 2);
@@ -337,7 +337,7 @@ namespace {
 // After the last load, the cap lasts `linger_ms`; then every store-first worker takes a store.
 void stores_uncapped_after_linger(unsigned linger_ms) {
   Fixture f;
-  EngineConfig config = kvtest::engine_config(f.dir, kvtier::ODirectMode::kOff, 1, 3);
+  EngineConfig config = kvtest::gated_config(f.dir, kvtier::ODirectMode::kOff, 1, 3);
   config.set_max_stores_in_flight_while_loading(1);
   config.set_store_cap_linger_ms(linger_ms);
   f.prepare_load_files(config, 1);

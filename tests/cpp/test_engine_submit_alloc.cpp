@@ -194,7 +194,7 @@ namespace {
 bool shutdown_sweep_step(long n, long& left_over) {
   TempDir dir;
   const auto bytes = kvtest::pattern(8192, 9);
-  EngineConfig config = kvtest::engine_config(dir, ODirectMode::kOff, 1, 0);
+  EngineConfig config = kvtest::gated_config(dir, ODirectMode::kOff, 1, 0);
   {
     Engine writer(config);
     for (int i = 0; i < 2; ++i)

@@ -95,8 +95,10 @@ class KVTIER_EXPORT Engine {
   void drain();
 
   /// Stops the workers: running block operations finish, every block not yet started fails
-  /// with ECANCELED (its job is still reported), threads are joined. Idempotent. Completions
-  /// not yet popped remain available.
+  /// with ECANCELED (its job is still reported), threads are joined. With io_timeout_s > 0 an
+  /// operation still in the kernel at its deadline fails with ETIMEDOUT and its thread is
+  /// detached instead (it exits by itself when the kernel returns), so this returns within
+  /// about io_timeout_s. Idempotent. Completions not yet popped remain available.
   void shutdown();
 
   bool is_shut_down() const noexcept;

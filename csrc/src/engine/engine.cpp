@@ -289,8 +289,9 @@ void Engine::Impl::replace(detail::WorkerSlot* slot) {
 
 // shutdown()'s wait: every worker exits (it finished its batch) or is abandoned by the
 // watchdog (at most io_timeout_s after its batch began); then the watchdog stops.
+// Allocates nothing (see "Never abort" in docs/core.md): the slots are spliced, not copied.
 void Engine::Impl::stop_workers() {
-  std::vector<std::thread> exited;
+  std::list<detail::WorkerSlot> exited;
   {
     std::unique_lock lock(workers_mutex);
     workers_changed.wait(lock, [&] {
@@ -298,11 +299,10 @@ void Engine::Impl::stop_workers() {
                          [](const detail::WorkerSlot& s) { return s.done; });
     });
     missing.clear();
-    for (detail::WorkerSlot& s : workers) exited.push_back(std::move(s.thread));
-    workers.clear();
+    exited.splice(exited.end(), workers);
   }
-  for (std::thread& t : exited)
-    if (t.joinable()) t.join();
+  for (detail::WorkerSlot& s : exited)
+    if (s.thread.joinable()) s.thread.join();
   if (watchdog.joinable()) {
     scheduler->stop_watchdog();
     watchdog.join();

@@ -1,0 +1,318 @@
+// EngineConfig::io_timeout_s: block operations stuck in the kernel fail their jobs with
+// ETIMEDOUT, the engine stops waiting for them, stuck workers are replaced (up to the cap),
+// drain() and shutdown() return, and a late kernel answer never touches the caller's memory.
+//
+// The stall is real and in the kernel: this program defines preadv and pwritev (the calls the
+// psync engine makes), which the core library resolves to these definitions. While armed, a
+// call on a file whose path contains "/stall" first blocks in read(2) on a pipe until the test
+// releases it, then makes the real system call. The tests run on psync (the io_uring engine's
+// reads never pass through libc; tests/python/test_io_timeout.py stalls both engines over a
+// frozen FUSE mount). No timing is asserted: every wait is a hang guard.
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "engine_helpers.hpp"
+#include "harness.hpp"
+
+namespace {
+
+// ---- the stall: a pipe the test writes to ------------------------------------------------
+
+std::atomic<bool> g_armed{false};
+std::atomic<int> g_pipe_read{-1};
+std::atomic<int> g_pipe_write{-1};
+std::atomic<int> g_entered{0};  // calls that stalled
+std::atomic<int> g_returned{0};  // of those, returned from the real system call
+
+bool stalled_path(int fd) {
+  char link[64];
+  char target[4096];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = ::readlink(link, target, sizeof target - 1);
+  if (n <= 0) return false;
+  target[n] = '\0';
+  return std::strstr(target, "/stall") != nullptr;
+}
+
+// Returns whether the call stalled (it then counts its return).
+bool maybe_stall(int fd) {
+  if (!g_armed.load() || !stalled_path(fd)) return false;
+  g_entered.fetch_add(1);
+  char c;
+  while (::read(g_pipe_read.load(), &c, 1) < 0 && errno == EINTR) {
+  }
+  return true;
+}
+
+// Arms a fresh pipe (the bytes of an earlier release must not let this stall through).
+void arm() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  g_pipe_read.store(fds[0]);
+  g_pipe_write.store(fds[1]);
+  g_entered.store(0);
+  g_returned.store(0);
+  g_armed.store(true);
+}
+
+// Lets every stalled call (and any later one) through. The pipe stays open: a released call
+// may still be about to read it.
+void release() {
+  g_armed.store(false);
+  const char bytes[256] = {};
+  if (::write(g_pipe_write.load(), bytes, sizeof bytes) < 0)
+    throw std::runtime_error("release: write failed");
+}
+
+// Releases at scope exit, so a failing test never leaves a worker stuck for good.
+struct ReleaseAtExit {
+  ~ReleaseAtExit() {
+    if (g_armed.load()) release();
+  }
+};
+
+}  // namespace
+
+extern "C" ssize_t preadv(int fd, const struct iovec* iov, int iovcnt, off_t offset) {
+  const bool stalled = maybe_stall(fd);
+  const ssize_t n = ::syscall(SYS_preadv, fd, iov, iovcnt, static_cast<long>(offset), 0L);
+  if (stalled) g_returned.fetch_add(1);
+  return n;
+}
+
+extern "C" ssize_t pwritev(int fd, const struct iovec* iov, int iovcnt, off_t offset) {
+  const bool stalled = maybe_stall(fd);
+  const ssize_t n = ::syscall(SYS_pwritev, fd, iov, iovcnt, static_cast<long>(offset), 0L);
+  if (stalled) g_returned.fetch_add(1);
+  return n;
+}
+
+namespace {
+
+using kvtest::TempDir;
+
+constexpr std::size_t kBlock = 64 * 1024;
+constexpr unsigned char kCanary = 0xC5;
+
+kvtier::EngineConfig timeout_config(const TempDir& dir, unsigned readers, unsigned writers) {
+  kvtier::EngineConfig c = kvtest::engine_config(dir, kvtier::ODirectMode::kOff, readers, writers);
+  c.set_io_engine(kvtier::IoEngine::kPsync);  // the interposed calls are psync's
+  c.set_io_timeout_s(0.3);
+  return c;
+}
+
+std::string describe(const kvtier::Completion& c) {
+  return "job " + std::to_string(c.job_id) + ": errno " + std::to_string(c.error.errno_value) +
+         " " + c.error.operation + " " + c.error.path + ": " + c.error.message;
+}
+
+void check_timed_out(const kvtier::Completion& c, const std::string& path) {
+  CHECK_MSG(!c.success, describe(c));
+  CHECK_EQ(c.error.errno_value, ETIMEDOUT);
+  CHECK_EQ(c.error.path, path);
+  CHECK_MSG(c.error.message.find("io_timeout_s") != std::string::npos, describe(c));
+}
+
+// A valid block at `path` (stored before the stall is armed).
+void put_block(kvtier::Engine& engine, kvtier::JobId id, const std::string& path,
+               const std::vector<unsigned char>& bytes) {
+  const kvtier::Completion c = kvtest::store(engine, id, path, "k", bytes.data(), bytes.size());
+  CHECK_MSG(c.success, describe(c));
+}
+
+bool all_canary(const std::vector<unsigned char>& memory) {
+  for (unsigned char b : memory)
+    if (b != kCanary) return false;
+  return true;
+}
+
+KV_TEST(a_stuck_load_fails_with_etimedout_and_its_memory_is_never_written) {
+  TempDir dir;
+  const std::string path = dir / "stall_a";
+  const std::vector<unsigned char> bytes = kvtest::pattern(kBlock, 1);
+  ReleaseAtExit guard;
+  std::vector<unsigned char> target(kBlock, kCanary);
+  {
+    kvtier::Engine engine(timeout_config(dir, 1, 1));
+    put_block(engine, 1, path, bytes);
+    arm();
+    const kvtier::Completion c = kvtest::load(engine, 2, path, "k", target.data(), target.size());
+    check_timed_out(c, path);
+    CHECK_EQ(c.block_errnos.size(), std::size_t{1});
+    CHECK_EQ(c.block_errnos[0], ETIMEDOUT);
+    const kvtier::EngineStats s = engine.stats();
+    CHECK_EQ(s.io_timeouts, std::uint64_t{1});
+    CHECK_EQ(s.failed_load_jobs, std::uint64_t{1});
+    CHECK_EQ(g_returned.load(), 0);  // still in the kernel when its job was reported
+    CHECK_EQ(s.abandoned_ops, std::uint64_t{1});
+    CHECK_EQ(s.workers_stuck, std::uint64_t{1});
+    // The caller reuses the memory at once (as an engine reuses a slot).
+    release();
+    kvtest::wait_until([&] { return engine.stats().workers_stuck == 0; },
+                       "the abandoned worker returned");
+    CHECK_EQ(engine.stats().abandoned_ops, std::uint64_t{0});
+    CHECK_EQ(g_returned.load(), 1);
+    // The late read landed in the worker's own buffer, never in the caller's.
+    CHECK(all_canary(target));
+    // The block is still there and loads, on the replacement worker.
+    std::vector<unsigned char> again(kBlock, 0);
+    const kvtier::Completion ok = kvtest::load(engine, 3, path, "k", again.data(), again.size());
+    CHECK_MSG(ok.success, describe(ok));
+    CHECK(again == bytes);
+  }
+}
+
+KV_TEST(a_replacement_worker_runs_the_next_jobs) {
+  TempDir dir;
+  const std::string stalled = dir / "stall_b";
+  const std::string other = dir / "other";
+  const std::vector<unsigned char> bytes = kvtest::pattern(kBlock, 2);
+  ReleaseAtExit guard;
+  // One worker: whatever completes after the stall ran on a replacement.
+  kvtier::Engine engine(timeout_config(dir, 1, 0));
+  put_block(engine, 1, stalled, bytes);
+  put_block(engine, 2, other, bytes);
+  arm();
+  std::vector<unsigned char> target(kBlock, kCanary);
+  check_timed_out(kvtest::load(engine, 3, stalled, "k", target.data(), target.size()), stalled);
+  std::vector<unsigned char> out(kBlock, 0);
+  const kvtier::Completion next = kvtest::load(engine, 4, other, "k", out.data(), out.size());
+  CHECK_MSG(next.success, describe(next));
+  CHECK(out == bytes);
+  put_block(engine, 5, dir / "another", bytes);
+  const kvtier::EngineStats s = engine.stats();
+  CHECK_EQ(s.workers_replaced, std::uint64_t{1});
+  CHECK_EQ(s.workers_stuck, std::uint64_t{1});  // the stall is not released yet
+  release();
+  kvtest::wait_until([&] { return engine.stats().workers_stuck == 0; }, "stuck worker returned");
+  CHECK(all_canary(target));
+}
+
+KV_TEST(replacements_stop_at_the_cap_and_resume_when_stuck_workers_return) {
+  TempDir dir;
+  const std::vector<unsigned char> bytes = kvtest::pattern(kBlock, 3);
+  ReleaseAtExit guard;
+  kvtier::Engine engine(timeout_config(dir, 1, 0));  // cap: 1 abandoned worker replaced
+  put_block(engine, 1, dir / "stall_1", bytes);
+  put_block(engine, 2, dir / "stall_2", bytes);
+  put_block(engine, 3, dir / "plain", bytes);
+  arm();
+  std::vector<unsigned char> a(kBlock, kCanary), b(kBlock, kCanary), c(kBlock, 0);
+  check_timed_out(kvtest::load(engine, 4, dir / "stall_1", "k", a.data(), a.size()),
+                  dir / "stall_1");
+  check_timed_out(kvtest::load(engine, 5, dir / "stall_2", "k", b.data(), b.size()),
+                  dir / "stall_2");
+  // Two stuck, one allowed: no worker is left, so the next job waits in the queue.
+  engine.submit(6, kvtier::Direction::kLoad, {kvtest::block(dir / "plain", "k", c.data(), kBlock)});
+  kvtier::EngineStats s = engine.stats();
+  CHECK_EQ(s.workers_stuck, std::uint64_t{2});
+  CHECK_EQ(s.workers_replaced, std::uint64_t{1});
+  CHECK_EQ(s.queued_loads, std::uint64_t{1});
+  release();
+  std::vector<kvtier::Completion> done;
+  kvtest::pop_exactly(engine, 1, done);  // a replacement ran it once a stuck worker returned
+  CHECK_MSG(done[0].success, describe(done[0]));
+  CHECK(c == bytes);
+  kvtest::wait_until([&] { return engine.stats().workers_stuck == 0; }, "stuck workers returned");
+  CHECK_EQ(engine.stats().workers_replaced, std::uint64_t{2});
+  CHECK(all_canary(a) && all_canary(b));
+}
+
+KV_TEST(drain_shutdown_and_destruction_return_with_a_worker_stuck) {
+  TempDir dir;
+  const std::string path = dir / "stall_d";
+  const std::vector<unsigned char> bytes = kvtest::pattern(kBlock, 4);
+  ReleaseAtExit guard;
+  auto target = std::make_unique<std::vector<unsigned char>>(kBlock, kCanary);
+  {
+    kvtier::Engine engine(timeout_config(dir, 1, 1));
+    put_block(engine, 1, path, bytes);
+    arm();
+    engine.submit(2, kvtier::Direction::kLoad,
+                  {kvtest::block(path, "k", target->data(), target->size())});
+    kvtest::wait_until([] { return g_entered.load() == 1; }, "the load stalled");
+    std::atomic<bool> drained{false};
+    std::thread drainer([&] {
+      engine.drain();
+      drained = true;
+    });
+    kvtest::wait_until([&] { return drained.load(); }, "drain() returned");
+    drainer.join();
+    const std::vector<kvtier::Completion> done = engine.pop_completions();
+    CHECK_EQ(done.size(), std::size_t{1});
+    check_timed_out(done[0], path);
+    // A second stuck operation, started right before shutdown: shutdown waits for its
+    // deadline, not for the kernel.
+    engine.submit(3, kvtier::Direction::kLoad,
+                  {kvtest::block(path, "k", target->data(), target->size())});
+    kvtest::wait_until([] { return g_entered.load() == 2; }, "the second load stalled");
+    engine.shutdown();
+    CHECK_EQ(g_returned.load(), 0);
+    const std::vector<kvtier::Completion> last = engine.pop_completions();
+    CHECK_EQ(last.size(), std::size_t{1});
+    check_timed_out(last[0], path);
+    CHECK_EQ(engine.stats().workers_stuck, std::uint64_t{2});
+  }  // the engine is destroyed while both workers are still in the kernel
+  // Free the caller's memory too: a late write there would be a use after free (ASan).
+  target.reset();
+  release();
+  kvtest::wait_until([] { return g_returned.load() == 2; }, "the stuck calls returned");
+  // Give the abandoned workers time to finish with the shared state and exit (under the
+  // sanitizers, a use after free or a race there fails the run).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+}
+
+KV_TEST(a_stuck_store_never_reads_the_callers_memory_after_its_report) {
+  TempDir dir;
+  const std::string path = dir / "stall_s";
+  const std::vector<unsigned char> bytes = kvtest::pattern(kBlock, 5);
+  ReleaseAtExit guard;
+  kvtier::Engine engine(timeout_config(dir, 1, 1));
+  auto source = std::make_unique<kvtest::Memory>(kBlock, 0);
+  source->fill(bytes);
+  arm();
+  const kvtier::Completion c = kvtest::store(engine, 1, path, "k", source->data(), kBlock);
+  check_timed_out(c, path);
+  CHECK_EQ(engine.stats().failed_store_jobs, std::uint64_t{1});
+  // The caller reuses the memory at once: the late write must read only the worker's copy
+  // (the kernel's reads are invisible to the sanitizers, so the bytes themselves tell).
+  std::memset(source->data(), 0xAB, kBlock);
+  release();
+  kvtest::wait_until([&] { return engine.stats().workers_stuck == 0; }, "stuck store returned");
+  // The abandoned store went on to publish what it had copied at its start: those bytes.
+  kvtest::wait_until([&] { return kvtest::file_exists(path); }, "the late store's file");
+  std::vector<unsigned char> out(kBlock, 0);
+  const kvtier::Completion loaded = kvtest::load(engine, 2, path, "k", out.data(), kBlock);
+  CHECK_MSG(loaded.success, describe(loaded));
+  CHECK(out == bytes);
+}
+
+KV_TEST(io_timeout_s_is_validated) {
+  TempDir dir;
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity(),
+                     kvtier::limits::kMaxIoTimeoutSeconds * 2}) {
+    kvtier::EngineConfig c = timeout_config(dir, 1, 1);
+    c.set_io_timeout_s(bad);
+    CHECK_THROWS(std::invalid_argument, kvtier::Engine(c));
+  }
+  kvtier::EngineConfig off = timeout_config(dir, 1, 1);
+  off.set_io_timeout_s(0);
+  kvtier::Engine engine(off);
+  CHECK_EQ(engine.config().io_timeout_s(), 0.0);
+  CHECK_EQ(kvtier::EngineConfig().io_timeout_s(), 10.0);
+}
+
+}  // namespace
