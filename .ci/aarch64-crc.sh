@@ -6,6 +6,8 @@
 # implementation is checked against a bitwise reference in each run, and ctest runs the test
 # once more per implementation forced through KVTIER_CRC32C_IMPL (test_crc32c_armv8-pmull,
 # test_crc32c_armv8-crc, test_crc32c_table), each of which checks that the forced one ran.
+# The fused copy and CRC (kvtier::crc32c_copy: the PMULL kernel storing what it folds, the
+# blocked copy of the other two) is checked the same way, against memcpy and the reference.
 #
 #   .ci/aarch64-crc.sh
 #
@@ -55,3 +57,8 @@ for impl in armv8-pmull armv8-crc table; do
 done
 grep -q "crc32c implementation in use: armv8-pmull (KVTIER_CRC32C_IMPL=<unset>;" "$log" ||
   { echo "=== the automatic choice was not armv8-pmull" >&2; exit 1; }
+# The copy tests ran (and passed: ctest's verdict above) on the fused PMULL kernel.
+grep -q "crc32c_copy implementation in use: armv8-pmull" "$log" ||
+  { echo "=== the fused copy did not run on armv8-pmull" >&2; exit 1; }
+grep -q "\[  OK  \] copy_matches_memcpy_then_crc_on_every_length_to_4096" "$log" ||
+  { echo "=== the copy tests did not run" >&2; exit 1; }

@@ -6,8 +6,10 @@
 #define crc32c kvtier_test_copy_crc32c
 #define crc32c_is_hardware kvtier_test_copy_crc32c_is_hardware
 #define crc32c_implementation kvtier_test_copy_crc32c_implementation
+#define crc32c_copy kvtier_test_copy_crc32c_copy
 #include "util/crc32c.cpp"
 #undef crc32c
+#undef crc32c_copy
 #undef crc32c_is_hardware
 #undef crc32c_implementation
 
@@ -49,6 +51,12 @@ std::uint32_t crc32c_path(const std::string& name, const void* data, std::size_t
 std::uint32_t crc32c_path_raw(const std::string& name, const void* data, std::size_t length,
                               std::uint32_t state) {
   return implementation(name).kernel(static_cast<const unsigned char*>(data), length, state);
+}
+
+std::uint32_t crc32c_copy_path(const std::string& name, void* dst, const void* src,
+                               std::size_t length, std::uint32_t crc) {
+  return ~implementation(name).copy(static_cast<unsigned char*>(dst),
+                                    static_cast<const unsigned char*>(src), length, ~crc);
 }
 
 }  // namespace kvtier::test

@@ -20,5 +20,9 @@ std::uint32_t crc32c_path(const std::string& name, const void* data, std::size_t
 /// the kernels pass between each other.
 std::uint32_t crc32c_path_raw(const std::string& name, const void* data, std::size_t length,
                               std::uint32_t state);
+/// kvtier::crc32c_copy() through implementation `name` (its fused or blocked copy), whatever
+/// kvtier::crc32c_copy() runs. `name` must be supported.
+std::uint32_t crc32c_copy_path(const std::string& name, void* dst, const void* src,
+                               std::size_t length, std::uint32_t crc = 0);
 
 }  // namespace kvtier::test

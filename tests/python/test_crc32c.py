@@ -1,4 +1,5 @@
-"""The CRC32C the Python module runs: every implementation, forced by KVTIER_CRC32C_IMPL.
+"""The CRC32C the Python module runs: every implementation, forced by KVTIER_CRC32C_IMPL, for
+the checksum alone (crc32c) and fused with a copy (crc32c_copy).
 
 The library reads KVTIER_CRC32C_IMPL once, so each implementation is tried in a child
 interpreter; its checksums are compared with a table CRC written here from the definition.
@@ -56,9 +57,17 @@ CHILD = textwrap.dedent(
     data = np.random.default_rng(3).integers(0, 256, 70000, dtype=np.uint8).tobytes()
     spans = [(o, n) for o in (0, 1, 13) for n in (0, 1, 15, 16, 63, 64, 65, 255, 256, 257,
              1000, 4095, 4096, 4097, 12289, 65536 + 7)]
+    copy_crcs, copies_equal = [], []
+    for o, n in spans:
+        # The destination misaligned against the source: dst starts at offset 3 of its buffer.
+        dst = bytearray(n + 3)
+        copy_crcs.append(_core.crc32c_copy(memoryview(dst)[3:], data[o:o + n],
+                                           0x12345678 * (n % 2)))
+        copies_equal.append(dst[3:] == data[o:o + n] and dst[:3] == bytes(3))
     out = {"implementation": _core.crc32c_implementation(),
            "hardware": _core.crc32c_is_hardware(),
            "crcs": [_core.crc32c(data[o:o + n], 0x12345678 * (n % 2)) for o, n in spans],
+           "copy_crcs": copy_crcs, "copies_equal": copies_equal,
            "spans": spans}
     print(json.dumps(out))
     """
@@ -88,9 +97,15 @@ def data() -> bytes:
 
 
 def check_crcs(result: dict, data: bytes) -> None:
-    for (offset, n), got in zip(result["spans"], result["crcs"], strict=True):
+    spans = result["spans"]
+    for (offset, n), got, copied, equal in zip(
+        spans, result["crcs"], result["copy_crcs"], result["copies_equal"], strict=True
+    ):
         want = reference_crc32c(data[offset : offset + n], 0x12345678 * (n % 2))
-        assert got == want, f"{result['implementation']}: {n} bytes at offset {offset}"
+        where = f"{result['implementation']}: {n} bytes at offset {offset}"
+        assert got == want, where
+        assert copied == want, f"crc32c_copy, {where}"
+        assert equal, f"crc32c_copy did not copy exactly, {where}"
 
 
 def test_automatic_choice_is_one_of_the_names(automatic: dict, data: bytes) -> None:
@@ -142,3 +157,66 @@ def test_concurrent_calls_agree(data: bytes) -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         got = list(pool.map(lambda _: _core.crc32c(data), range(64)))
     assert got == [want] * 64
+
+
+def test_copy_of_a_large_buffer_between_numpy_arrays(data: bytes) -> None:
+    src = np.random.default_rng(5).integers(0, 256, (4 << 20) + 5, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    want = _core.crc32c(src)
+    assert _core.crc32c_copy(dst, src) == want
+    assert np.array_equal(dst, src)
+    # Continued from a previous CRC, like crc32c(crc=...).
+    head = _core.crc32c(data)
+    assert _core.crc32c_copy(dst, src, head) == _core.crc32c(src, head)
+
+
+def test_copy_refuses_what_memcpy_cannot_do() -> None:
+    src = np.arange(256, dtype=np.uint8)
+    with pytest.raises(ValueError, match="dst has 255 bytes and src 256"):
+        _core.crc32c_copy(np.zeros(255, dtype=np.uint8), src)
+    with pytest.raises(ValueError, match="dst and src overlap"):
+        _core.crc32c_copy(src[8:136], src[:128])
+    with pytest.raises((BufferError, TypeError)):  # bytes are read-only
+        _core.crc32c_copy(bytes(256), src)
+    with pytest.raises((BufferError, ValueError)):  # numpy refuses a strided view
+        _core.crc32c_copy(np.zeros((256, 2), dtype=np.uint8)[:, 0], src)
+    # Adjacent but not overlapping is a valid copy.
+    buf = np.zeros(512, dtype=np.uint8)
+    buf[:256] = src
+    assert _core.crc32c_copy(buf[256:], buf[:256]) == _core.crc32c(src)
+    assert np.array_equal(buf[256:], src)
+    assert _core.crc32c_copy(bytearray(), b"") == 0
+
+
+def test_copy_chunks_hook_modes(data: bytes) -> None:
+    src = np.frombuffer(data, dtype=np.uint8)
+    for chunk in (1, 4096, 65536, len(data) + 1):
+        want = _core._crc32c_chunks(src, chunk)
+        for mode in ("crc", "memcpy+crc", "fused"):
+            dst = np.zeros_like(src)
+            assert _core._crc32c_copy_chunks(dst, src, chunk, 1, mode) == want, mode
+            if mode != "crc":
+                assert np.array_equal(dst, src), mode
+            else:
+                assert not dst.any(), "the 'crc' mode must not write dst"
+        dst = np.zeros_like(src)
+        assert _core._crc32c_copy_chunks(dst, src, chunk, 3, "memcpy") == 0
+        assert np.array_equal(dst, src)
+    with pytest.raises(ValueError, match="mode must be"):
+        _core._crc32c_copy_chunks(np.zeros_like(src), src, 4096, 1, "copy")
+    with pytest.raises(ValueError, match="chunk_bytes must be at least 1"):
+        _core._crc32c_copy_chunks(np.zeros_like(src), src, 0)
+    with pytest.raises(ValueError, match="same length"):
+        _core._crc32c_copy_chunks(np.zeros(10, dtype=np.uint8), src, 4096)
+
+
+def test_concurrent_copies_agree(data: bytes) -> None:
+    want = reference_crc32c(data)
+
+    def copy(_: int) -> tuple[int, bool]:
+        dst = bytearray(len(data))
+        return _core.crc32c_copy(dst, data), dst == data
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        got = list(pool.map(copy, range(32)))
+    assert got == [(want, True)] * 32

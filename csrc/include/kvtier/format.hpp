@@ -27,6 +27,14 @@ inline constexpr std::size_t kMaxKeySize = 1024;
 KVTIER_EXPORT std::uint32_t crc32c(const void* data, std::size_t length,
                                    std::uint32_t crc = 0) noexcept;
 
+/// Copies `length` bytes from `src` to `dst` and returns their CRC32C continued from `crc`:
+/// the result of memcpy(dst, src, length) then crc32c(dst, length, crc), in one pass over the
+/// bytes (the implementation crc32c() runs, copying as it reads). For a copy the bytes make
+/// anyway, such as into or out of an engine-owned buffer, the checksum then costs almost
+/// nothing more. As for memcpy, `dst` and `src` must not overlap.
+KVTIER_EXPORT std::uint32_t crc32c_copy(std::uint32_t crc, void* dst, const void* src,
+                                        std::size_t length) noexcept;
+
 /// Whether crc32c() runs on CRC or carry-less-multiply instructions (any implementation but
 /// "table").
 KVTIER_EXPORT bool crc32c_is_hardware() noexcept;
