@@ -94,8 +94,11 @@ def new_stream():
     return s.value
 
 def engine(**kw):
+    # These tests count the staging pool's pieces, which carry device payloads without a
+    # deadline; with io_timeout_s each payload moves whole through the worker's own pinned
+    # buffer (tests/cpp/test_device_staging.cpp covers that path).
     args = dict(n_read_threads=2, n_write_threads=2, use_cuda=True, staging_buffer_bytes=8192,
-                staging_bytes_total=4 * 8192)
+                staging_bytes_total=4 * 8192, io_timeout_s=0)
     args.update(kw)
     return _core.Engine(ROOT, **args)
 
