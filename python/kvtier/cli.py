@@ -57,6 +57,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _io_timeout(text: str) -> float:
+    """--io-timeout-s: the fs tier's own check (its range and message) on the bench's value."""
+    from kvtier.errors import ConfigurationError
+    from kvtier.tiering.fs.options import FsTierOptions
+
+    try:
+        return FsTierOptions.parse("fs", {"root_dir": ".", "io_timeout_s": text}).io_timeout_s
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     from kvtier.bench.config import parse_block_sizes
     from kvtier.bench.errors import BenchError
@@ -242,6 +253,14 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "run, with their ratio",
     )
     bench.add_argument(
+        "--io-timeout-s",
+        type=_io_timeout,
+        default=None,
+        metavar="SECONDS",
+        help="the fs tier's io_timeout_s: deadline of one block operation (0: none; default: "
+        "the tier's, 10)",
+    )
+    bench.add_argument(
         "--checksum",
         choices=["crc32c", "none"],
         default="crc32c",
@@ -337,6 +356,7 @@ def _bench(args: argparse.Namespace) -> int:
         io_engine=args.io_engine,
         compare_io_engines=args.compare_io_engines,
         checksum=args.checksum,
+        io_timeout_s=args.io_timeout_s,
         run_fio=not args.no_fio,
         ceilings=args.ceilings,
         json_path=args.json,

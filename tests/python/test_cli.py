@@ -594,6 +594,8 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
         (["--io-engine", "libaio"], "invalid choice"),
         (["--io-engine", "psync", "--compare-io-engines"], "not allowed with"),
         (["--checksum", "md5"], "invalid choice"),
+        (["--io-timeout-s", "-1"], "'io_timeout_s'"),
+        (["--io-timeout-s", "soon"], "0: no deadline"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )

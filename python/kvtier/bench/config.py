@@ -90,6 +90,8 @@ class BenchConfig:
     io_engine: str = "auto"
     compare_io_engines: bool = False
     checksum: str = "crc32c"
+    #: The fs tier's io_timeout_s (`--io-timeout-s`); None: the tier's default.
+    io_timeout_s: float | None = None
     run_fio: bool = True
     #: The fio ceilings (kvtier.bench.ceiling.Ceiling, --ceilings); None: the default set.
     ceilings: tuple | None = None

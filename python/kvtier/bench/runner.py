@@ -419,6 +419,7 @@ def _kvtier_tiers(
             ),
             io_engine=engine,
             checksum=config.checksum,
+            io_timeout_s=config.io_timeout_s,
             ran=io_engines[name],
         )
     return io_engines
@@ -690,6 +691,7 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
             "io_engine": config.io_engine,
             "compare_io_engines": config.compare_io_engines,
             "checksum": config.checksum,
+            "io_timeout_s": config.io_timeout_s,
             "statistic": (
                 f"median of {config.repeat} runs, spread = [min, max], noisy when max/min > "
                 f"{NOISY_RATIO}"

@@ -207,6 +207,7 @@ class KvtierDriver:
         worker_nice: int | None = None,
         io_engine: str = "auto",
         checksum: str = "crc32c",
+        io_timeout_s: float | None = None,
     ):
         self._job_metadata = JobMetadata
         self._req = ReqContext(req_id="kvtier-bench")
@@ -223,6 +224,8 @@ class KvtierDriver:
         }
         if worker_nice is not None:  # else the tier's default
             config["worker_nice"] = worker_nice
+        if io_timeout_s is not None:  # else the tier's default
+            config["io_timeout_s"] = io_timeout_s
         try:
             tier = SecondaryTierFactory.create_secondary_tier(config, primary.view, spec)
         except ValueError as exc:
@@ -280,6 +283,7 @@ def kvtier_factory(
     max_queued_store_jobs: int,
     io_engine: str = "auto",
     checksum: str = "crc32c",
+    io_timeout_s: float | None = None,
     ran: dict[str, str] | None = None,
 ) -> DriverFactory:
     """Creates kvtier drivers; ``ran`` (if given) receives the engine the last one runs
@@ -294,6 +298,7 @@ def kvtier_factory(
             max_queued_store_jobs=max_queued_store_jobs,
             io_engine=io_engine,
             checksum=checksum,
+            io_timeout_s=io_timeout_s,
         )
         if ran is not None:
             ran["io_engine"] = driver.io_engine

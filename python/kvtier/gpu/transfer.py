@@ -7,6 +7,7 @@ tensors) and write them with the same file format, paths and namespace as the ``
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import weakref
@@ -23,8 +24,10 @@ from kvtier.gpu.writable import read_only_tensor
 from kvtier.tiering.base import JobId, JobResult, OffloadKey
 from kvtier.tiering.fs.capacity import CapacityController
 from kvtier.tiering.fs.capacity.controller import Deferred
+from kvtier.tiering.fs.capacity.ledger import state_dir
 from kvtier.tiering.fs.engine import EngineIoReport, open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper
+from kvtier.tiering.fs.health import RootHealth, join_root
 from kvtier.tiering.fs.oserror import naming
 from kvtier.tiering.spec import OffloadingSpec
 from kvtier.tiering.validation import check_block_ids, check_job_id, check_keys
@@ -43,7 +46,8 @@ class GPUStorageTransfer(EngineIoReport):
     ``kv_caches`` is a list of tensors (all CUDA tensors on one device, or all CPU tensors) in which
     dimension ``block_dim`` indexes blocks. ``options`` are the fs tier's storage options
     (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``, ``durability``,
-    ``file_mode``, ``worker_nice``, ``io_engine``, and the capacity options ``max_bytes``,
+    ``file_mode``, ``worker_nice``, ``io_engine``, ``io_timeout_s``, and the capacity options
+    ``max_bytes``,
     ``min_free_fraction``, ``eviction``) plus ``staging_bytes_total``, ``staging_buffer_bytes`` and
     ``numa_bind``. With the same ``offloading_spec`` and ``root_dir`` an ``fs`` tier whose primary
     rows are ``block_bytes`` long reads and writes the same files.
@@ -105,6 +109,18 @@ class GPUStorageTransfer(EngineIoReport):
         self._refused: list[JobResult] = []
         # Stop the capacity thread even if the transfer is dropped without shutdown().
         self._finalizer = weakref.finalize(self, _close, self._capacity, self._owner_pid)
+        # The root's health, shared with the fs tiers of this process on it (fs/health.py):
+        # while it is degraded, stores and loads fail at once.
+        self._health: RootHealth = join_root(
+            self._capacity.root,
+            state_dir(self._capacity.root),
+            self._capacity.identity,
+            opts.io_timeout_s,
+        )
+        self._health_finalizer = weakref.finalize(
+            self, _leave_health, self._health, opts.io_timeout_s, self._owner_pid
+        )
+        self._epochs: dict[JobId, int] = {}  # health epoch at submission, by job
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
         self._admitted_jobs: set[JobId] = set()
         # Stores whose admission is not answered yet (waiting for budget): drain() waits.
@@ -152,6 +168,12 @@ class GPUStorageTransfer(EngineIoReport):
                     "get_finished()); job ids must be unique until reported"
                 )
             self._keys[job_id] = keys
+            refusal = self._health.refusal("store" if store else "load")
+            if refusal is None:
+                self._epochs[job_id] = self._health.epoch
+        if refusal is not None:  # degraded root: failed at once, reported by get_finished
+            self._refuse(job_id, refusal, load=not store)
+            return
         if store and keys:
             # Admission touches only memory; a store the budget has no room for yet is
             # submitted later from the capacity thread, or fails there (never waits here).
@@ -208,10 +230,13 @@ class GPUStorageTransfer(EngineIoReport):
             self._admitted_jobs.add(job_id)
         self._submit_blocks(job_id, _core.Direction.STORE, keys, ids, paths, stream)
 
-    def _refuse(self, job_id: JobId, error: str) -> None:
+    def _refuse(self, job_id: JobId, error: str, load: bool = False) -> None:
         self._failure_log.error("Job %s block I/O failed: %s", job_id, error)
         with self._lock:  # the id stays taken until get_finished() hands this out
-            self._refused.append(JobResult(job_id, False, error=error))
+            self._epochs.pop(job_id, None)
+            self._refused.append(
+                JobResult(job_id, False, successful_keys=[] if load else None, error=error)
+            )
 
     def _admission_done(self) -> None:
         with self._admissions:
@@ -240,6 +265,7 @@ class GPUStorageTransfer(EngineIoReport):
                 self._admitted_jobs.discard(job_id)
                 if not deferred:
                     del self._keys[job_id]
+                    self._epochs.pop(job_id, None)
             if admitted:
                 self._capacity.finish_store(len(keys), 0)
             if deferred:
@@ -263,6 +289,7 @@ class GPUStorageTransfer(EngineIoReport):
         for c in self._engine.pop_completions():
             with self._lock:
                 keys = self._keys.pop(c.job_id, ())
+                epoch = self._epochs.pop(c.job_id, -1)
                 admitted = c.job_id in self._admitted_jobs
                 self._admitted_jobs.discard(c.job_id)
             if admitted:  # c.bytes counts the payload of each file the store created
@@ -273,6 +300,12 @@ class GPUStorageTransfer(EngineIoReport):
                     self._capacity.record_use(
                         [path_of(k) for k, e in zip(keys, c.block_errnos) if e == 0]
                     )
+            if c.errno == errno.ETIMEDOUT or errno.ETIMEDOUT in c.block_errnos:
+                self._health.report_timeout(
+                    "a block operation timed out "
+                    f"(io_timeout_s={self.options.io_timeout_s:g}): {c.error}",
+                    epoch,
+                )
             successful = None
             if not c.success and c.direction == _core.Direction.LOAD:
                 successful = [k for k, e in zip(keys, c.block_errnos) if e == 0]
@@ -306,15 +339,23 @@ class GPUStorageTransfer(EngineIoReport):
             return  # a forked child's copy: nothing of it runs here (see kvtier._fork)
         self._engine.shutdown()
         self._finalizer()
+        self._health_finalizer()
 
     @owner_process_only
-    def stats(self) -> dict[str, int]:
-        return {**self._engine.stats(), **self._capacity.stats()}
+    def stats(self) -> dict[str, Any]:
+        """Engine, capacity and health counters; ``health`` is ``"healthy"`` or
+        ``"degraded"``."""
+        return {**self._engine.stats(), **self._capacity.stats(), **self._health.stats()}
 
     @property
     def numa_node(self) -> int:
         """The NUMA node the workers are pinned to (``numa_bind``), or -1."""
         return int(self._engine.numa_node)
+
+
+def _leave_health(health: RootHealth, io_timeout_s: float, owner_pid: int) -> None:
+    if not inherited(owner_pid):  # a forked child's copy: its lock may be held for ever
+        health.leave(io_timeout_s)
 
 
 def _close(capacity: CapacityController, owner_pid: int) -> None:

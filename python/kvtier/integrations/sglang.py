@@ -11,11 +11,12 @@ SGLang constructs the class as ``KvtierHiCacheStorage(storage_config, kwargs)`` 
 ``register_mem_pool_host(host_pool)``. Every key of the extra config other than SGLang's own
 (``backend_name``, ``module_path``, ``class_name``, ``interface_v1``) is an option of kvtier's
 ``fs`` tier (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
-``durability``, ``file_mode``, ``worker_nice``, ``load_nice``, ``io_engine``, the capacity
-options ``max_bytes``, ``min_free_fraction`` and ``eviction``, and whatever FsTierOptions
-gains), validated with the fs tier's errors. The capacity options hold this backend's pages
-within the root's budget exactly as the fs tier's blocks (one budget for every process and
-host on the root, LRU by last use), so SGLang, vLLM and ``kvtier gc`` can share a root.
+``durability``, ``file_mode``, ``worker_nice``, ``load_nice``, ``io_engine``, ``io_timeout_s``,
+the capacity options ``max_bytes``, ``min_free_fraction`` and ``eviction``, and whatever
+FsTierOptions gains), validated with the fs tier's errors. The capacity options hold this
+backend's pages within the root's budget exactly as the fs tier's blocks (one budget for every
+process and host on the root, LRU by last use), so SGLang, vLLM and ``kvtier gc`` can share a
+root.
 ``interface_v1`` makes SGLang use the zero-copy calls (``batch_get_v1`` / ``batch_set_v1``);
 without it SGLang uses the generic ones (``batch_get`` / ``batch_set`` with one flat tensor per
 page). Both write the same files. See docs/sglang.md.
@@ -34,6 +35,7 @@ raises ImportError naming the supported versions.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -51,8 +53,10 @@ from kvtier._rate_limited_log import RateLimitedLog
 from kvtier.errors import InvalidArgumentError, ShutDownError, StorageError
 from kvtier.integrations._engine_version import EngineRequirement
 from kvtier.tiering.fs.capacity import CapacityController
+from kvtier.tiering.fs.capacity.ledger import state_dir
 from kvtier.tiering.fs.engine import open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper, host_label
+from kvtier.tiering.fs.health import RootHealth, join_root
 from kvtier.tiering.fs.options import FsTierOptions, OptionParser
 from kvtier.tiering.fs.sweep import sweep_dead_tmp_files
 from kvtier.tiering.spec import OffloadingSpec
@@ -272,6 +276,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._waiter: _JobWaiter | None = None
         self._pool_layout: _PoolLayout | None = None
         self._capacity: CapacityController | None = None
+        self._health: RootHealth | None = None
         self._job_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
@@ -313,6 +318,13 @@ class KvtierHiCacheStorage(HiCacheStorage):
         # Stop the capacity thread and hand its lease back even without close().
         weakref.finalize(self, capacity.close)
         self._capacity = capacity
+        # The root's health, shared with kvtier's other users of the root in this process
+        # (fs/health.py): while it is degraded, exists() misses and get/set fail at once.
+        health = join_root(
+            capacity.root, state_dir(capacity.root), capacity.identity, self.options.io_timeout_s
+        )
+        self._leave_health = weakref.finalize(self, health.leave, self.options.io_timeout_s)
+        self._health = health
         self.file_mapper, self._pool_layout = mapper, pool_layout
         self._waiter = _JobWaiter(engine)
         self._engine = engine
@@ -355,8 +367,14 @@ class KvtierHiCacheStorage(HiCacheStorage):
         for budget fails every page (no I/O)."""
         engine, _, pool_layout = self._ready()
         assert self._waiter is not None and self._capacity is not None
-        capacity = self._capacity
+        assert self._health is not None
+        capacity, health = self._capacity, self._health
         job_id = next(self._job_ids)
+        degraded = health.refusal("get" if is_load else "set")
+        if degraded is not None:  # degraded root: fail at once, send nothing into the stall
+            self._failure_log.error("Job %s block I/O failed: %s", job_id, degraded)
+            return [False] * len(paths)
+        epoch = health.epoch
         if not is_load and paths:
             refusal = capacity.admit(len(paths))
             if refusal is not None:
@@ -372,6 +390,12 @@ class KvtierHiCacheStorage(HiCacheStorage):
         c = self._waiter.wait(job_id)
         if not c.success:
             self._failure_log.error("Job %s block I/O failed: %s", job_id, c.error)
+        if c.errno == errno.ETIMEDOUT or errno.ETIMEDOUT in c.block_errnos:
+            health.report_timeout(
+                "a block operation timed out "
+                f"(io_timeout_s={self.options.io_timeout_s:g}): {c.error}",
+                epoch,
+            )
         ok = [e == 0 for e in c.block_errnos]
         new_blocks = len(paths)  # a loaded page is used; a newly written file's mtime is its use
         if not is_load and paths:
@@ -542,6 +566,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if not keys:
             return 0
         paths, _ = self._paths_keys(keys)
+        if self._health is not None and self._health.degraded:
+            return 0  # a degraded root answers "absent" without touching the storage
         found = _core.paths_exist(paths)  # one stat each, GIL released
         return next((i for i, hit in enumerate(found) if not hit), len(keys))
 
@@ -577,15 +603,21 @@ class KvtierHiCacheStorage(HiCacheStorage):
         metrics.backup_pgs.extend(int(v) for v in taken["backup_pgs"])
         metrics.prefetch_bandwidth.extend(taken["prefetch_bandwidth"])
         metrics.backup_bandwidth.extend(taken["backup_bandwidth"])
+        # SGLang's collector reads its own fields; kvtier's counters (health, io_timeouts,
+        # abandoned_ops, ...) ride along for whoever reads the object.
+        with contextlib.suppress(AttributeError, RuntimeError):
+            metrics.kvtier_stats = self.engine_stats()
         return metrics
 
-    def engine_stats(self) -> dict[str, int]:
-        """kvtier's engine counters (jobs, blocks, bytes, corrupt files removed, ...) and the
+    def engine_stats(self) -> dict[str, Any]:
+        """kvtier's engine counters (jobs, blocks, bytes, corrupt files removed,
+        ``io_timeouts``, ``abandoned_ops``, ``workers_replaced``, ``workers_stuck``, ...), the
         root's capacity counters (``used_bytes``, ``capacity_bytes``, ``evicted_blocks``,
-        ``rejected_stores``, ...)."""
+        ``rejected_stores``, ...) and its health (``health``: ``"healthy"`` or
+        ``"degraded"``, ``health_probes``, ...)."""
         engine, _, _ = self._ready()
-        assert self._capacity is not None
-        return {**engine.stats(), **self._capacity.stats()}
+        assert self._capacity is not None and self._health is not None
+        return {**engine.stats(), **self._capacity.stats(), **self._health.stats()}
 
     @property
     def direct_io(self) -> bool:
@@ -606,6 +638,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
             self._engine.shutdown()
         if self._capacity is not None:
             self._capacity.close()
+        if self._health is not None:
+            self._leave_health()
 
 
 __all__ = [

@@ -17,10 +17,11 @@ and a module. In ``kv_connector_extra_config`` of the ``OffloadingConnector``::
 
 Every other key of the entry is an option of kvtier's ``fs`` tier (``n_read_threads``,
 ``n_write_threads``, ``o_direct``, ``checksum``, ``durability``, ``file_mode``, ``worker_nice``,
-``io_engine``, ``async_lookup``, ``max_queued_store_jobs``, and the capacity options ``max_bytes``,
-``min_free_fraction``, ``eviction``), validated by kvtier, plus the keys vLLM itself understands for
-storage tiers: ``locality`` (``"LOCAL"`` or ``"REMOTE"``), ``enable_kv_events`` and ``backpressure``
-(which vLLM's factory turns into a detector). See docs/vllm.md.
+``io_engine``, ``io_timeout_s``, ``async_lookup``, ``max_queued_store_jobs``, and the capacity
+options ``max_bytes``, ``min_free_fraction``, ``eviction``), validated by kvtier, plus the keys
+vLLM itself understands for storage tiers: ``locality`` (``"LOCAL"`` or ``"REMOTE"``),
+``enable_kv_events`` and ``backpressure`` (which vLLM's factory turns into a detector). See
+docs/vllm.md.
 
 The tier runs in vLLM's scheduler process. It converts vLLM's types to kvtier's and back: a
 ``TransferJob`` (``chunk_ids``) becomes a kvtier ``JobMetadata`` (``block_ids``); kvtier's
@@ -110,11 +111,18 @@ _GAUGES = {
     "used_bytes": "Bytes of block files under the kvtier root, as its usage ledger counts them.",
     "reserved_bytes": "Budget kvtier tiers on the root hold for stores not yet submitted.",
     "capacity_bytes": "max_bytes of the kvtier root (0: no byte budget).",
+    "degraded": "1 while the kvtier root is degraded (a block operation timed out; lookups "
+    "miss and jobs fail at once until a probe answers), else 0.",
+    "abandoned_ops": "kvtier block operations past their deadline still in the kernel.",
+    "workers_stuck": "kvtier I/O workers held by an operation past its deadline.",
 }
 _COUNTERS = {
     "evicted_blocks": "kvtier block files this engine evicted.",
     "evicted_bytes": "Bytes of kvtier block files this engine evicted.",
     "rejected_stores": "kvtier stores refused for lack of budget (eviction 'none').",
+    "io_timeouts": "kvtier block operations that missed their deadline (io_timeout_s).",
+    "workers_replaced": "kvtier I/O workers replaced because they were stuck in the kernel.",
+    "degraded_jobs": "kvtier jobs failed at once because the root was degraded.",
 }
 _METRIC_PREFIX = "vllm:kvtier_"
 _METRIC_LABELS = ("root_dir",)
@@ -276,8 +284,9 @@ class KvtierFileSystemTier(VllmSecondaryTierManager):
         """Maps keys to block file paths (``file_mapper.get_file_name(key)``)."""
         return self._tier.file_mapper
 
-    def stats(self) -> dict[str, int]:
-        """kvtier's counters for this tier (engine, lookups, dropped stores)."""
+    def stats(self) -> dict[str, Any]:
+        """kvtier's counters for this tier (engine, lookups, dropped stores, capacity) and
+        ``health`` (``"healthy"`` or ``"degraded"``)."""
         return self._tier.stats()
 
     @property
@@ -424,10 +433,11 @@ class KvtierFileSystemTier(VllmSecondaryTierManager):
         return metrics
 
     def get_stats(self) -> OffloadingConnectorStats | None:
-        """Capacity gauges, and counter increases since the last call."""
+        """Capacity and health gauges, and counter increases since the last call."""
         stats = self._tier.stats()
         out = OffloadingConnectorStats()
         labels = (self._tier.options.root_dir,)
+        stats["degraded"] = int(stats["health"] == "degraded")
         for name in _GAUGES:
             out.set_gauge(_METRIC_PREFIX + name, stats[name], labels)
         for name in _COUNTERS:

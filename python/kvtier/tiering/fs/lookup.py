@@ -23,6 +23,8 @@ _MAX_ANSWERS = 1 << 16
 # `kvtier gc`) may have evicted it. This bounds how long a lookup can report a block that was
 # evicted elsewhere; an eviction by this process is applied at once (mark_absent).
 PRESENT_TTL_SECONDS = 10.0
+# How long close() waits for the resolver thread; it holds nothing of the tier's.
+CLOSE_WAIT_SECONDS = 1.0
 
 
 class LookupCache:
@@ -131,14 +133,15 @@ class LookupCache:
             }
 
     def close(self) -> None:
-        """Stop the resolver thread and wait for it (idempotent)."""
+        """Stop the resolver thread and wait for it, at most CLOSE_WAIT_SECONDS: a check
+        stuck on a stalled file system is left to return on its own (idempotent)."""
         with self._cond:
             self._closed = True
             self._pending.clear()
             self._cond.notify_all()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(CLOSE_WAIT_SECONDS)
 
     def _run(self) -> None:
         while True:

@@ -31,8 +31,10 @@ from kvtier.tiering.base import (
 )
 from kvtier.tiering.fs.capacity import CapacityController
 from kvtier.tiering.fs.capacity.controller import Deferred
+from kvtier.tiering.fs.capacity.ledger import state_dir
 from kvtier.tiering.fs.engine import EngineIoReport, open_engine
 from kvtier.tiering.fs.file_mapper import BLOCK_SUFFIX, FileMapper, host_label
+from kvtier.tiering.fs.health import RootHealth, join_root
 from kvtier.tiering.fs.lookup import LookupCache
 from kvtier.tiering.fs.options import FsTierOptions
 from kvtier.tiering.fs.oserror import naming
@@ -47,6 +49,7 @@ class _Job:
     is_load: bool
     keys: tuple[OffloadKey, ...]
     admitted: bool = False  # a store that holds budget for its blocks (capacity)
+    epoch: int = 0  # the root's health epoch at submission (a timeout of older work is stale)
 
 
 class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
@@ -54,8 +57,8 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
 
     Options (validated by :class:`~kvtier.tiering.fs.options.FsTierOptions`): ``root_dir``
     (required), ``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
-    ``durability``, ``file_mode``, ``worker_nice``, ``io_engine``, ``async_lookup``,
-    ``max_queued_store_jobs``.
+    ``durability``, ``file_mode``, ``worker_nice``, ``io_engine``, ``io_timeout_s``,
+    ``async_lookup``, ``max_queued_store_jobs``.
     """
 
     def __init__(
@@ -117,6 +120,19 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         self._finalizer = weakref.finalize(
             self, _close, self._lookups, self._capacity, self._owner_pid
         )
+        # Degraded after a block operation times out, until a probe answers (fs/health.py);
+        # shared with the other tiers of this process on the same root.
+        self._health: RootHealth = join_root(
+            self._capacity.root,
+            state_dir(self._capacity.root),
+            self._capacity.identity,
+            opts.io_timeout_s,
+        )
+        self._health_finalizer = weakref.finalize(
+            self, _leave_health, self._health, opts.io_timeout_s, self._owner_pid
+        )
+        self._degraded_jobs = 0
+        self._degraded_lookups = 0
 
         # _lock guards the job table, the ready list and the counters; _consumer_lock keeps
         # the ready list in completion order when get_finished runs on several threads.
@@ -148,6 +164,10 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
 
     @owner_process_only
     def lookup(self, key: OffloadKey, req_context: ReqContext | None = None) -> bool | None:
+        if self._health.degraded:  # answered without touching the stalled storage
+            with self._lock:
+                self._degraded_lookups += 1
+            return False
         found = self._lookups.lookup(key)
         if found:  # a hit is a use: it keeps the block from eviction (shared recency)
             self._capacity.record_use([self.file_mapper.get_file_name(key)])
@@ -190,6 +210,16 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
                     "get_finished()); job ids must be unique until reported"
                 )
             self._unreported.add(job_id)
+            refusal = self._health.refusal(f"submit_{'load' if is_load else 'store'}")
+            if refusal is not None:
+                # Degraded root: failed at once, through get_finished like any failure; no
+                # work is sent into the stall (a load reports that none of its keys arrived).
+                self._degraded_jobs += 1
+                self._ready.append(
+                    JobResult(job_id, False, [] if is_load else None, 0, 0.0, refusal)
+                )
+                self._failure_log.error("Job %s block I/O failed: %s", job_id, refusal)
+                return
             if not is_load and self._queued_stores >= self.options.max_queued_store_jobs:
                 # Dropping is safe: a store that never happens is a later miss, never lost
                 # data, and it frees the primary slots instead of pinning them behind slow
@@ -203,7 +233,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
                 self._ready.append(JobResult(job_id, False, None, 0, 0.0, error))
                 self._failure_log.error("Job %s block I/O failed: %s", job_id, error)
                 return
-            self._jobs[job_id] = _Job(is_load, keys)
+            self._jobs[job_id] = _Job(is_load, keys, epoch=self._health.epoch)
             if not is_load:
                 self._queued_stores += 1
         try:
@@ -332,6 +362,13 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
     def _result(self, c: Any, job: _Job | None) -> JobResult:
         keys: tuple[OffloadKey, ...] = job.keys if job is not None else ()
         errnos = c.block_errnos
+        if job is not None and (c.errno == errno.ETIMEDOUT or errno.ETIMEDOUT in errnos):
+            # The first timeout degrades the root (docs/tiers.md, "When storage stalls").
+            self._health.report_timeout(
+                f"a block operation timed out (io_timeout_s={self.options.io_timeout_s:g}): "
+                f"{c.error}",
+                job.epoch,
+            )
         if job is not None and job.admitted:
             # The engine counts a block's payload in c.bytes only when it wrote a file (a key
             # already on disk is skipped): that many new files now hold budget. A new file's
@@ -381,6 +418,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             self._shut_down = True
         self._engine.shutdown()
         self._finalizer()  # stops the lookup and capacity threads, hands the lease back
+        self._health_finalizer()  # the last tier on the root stops its probing
 
     @property
     def is_shut_down(self) -> bool:
@@ -396,15 +434,24 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         )
 
     @owner_process_only
-    def stats(self) -> dict[str, int]:
-        """Engine counters plus lookup and dropped-store counts."""
-        stats: dict[str, int] = dict(self._engine.stats())
+    def stats(self) -> dict[str, Any]:
+        """Engine counters plus lookup, dropped-store, capacity and health counts; ``health``
+        is ``"healthy"`` or ``"degraded"`` (the only value that is not an int)."""
+        stats: dict[str, Any] = dict(self._engine.stats())
         stats.update(self._lookups.stats())
         stats.update(self._capacity.stats())
+        stats.update(self._health.stats())
         with self._lock:
             stats["dropped_store_jobs"] = self._dropped_stores
             stats["queued_store_jobs"] = self._queued_stores
+            stats["degraded_jobs"] = self._degraded_jobs
+            stats["degraded_lookups"] = self._degraded_lookups
         return stats
+
+    @property
+    def health(self) -> str:
+        """``"healthy"``, or ``"degraded"`` while the root's storage is not answering."""
+        return "degraded" if self._health.degraded else "healthy"
 
     @property
     def direct_io(self) -> bool:
@@ -426,6 +473,11 @@ def _close(lookups: LookupCache, capacity: CapacityController, owner_pid: int) -
             logger.warning(
                 "closing the %s failed: %s (the tier is shut down all the same)", part, str(e)
             )
+
+
+def _leave_health(health: RootHealth, io_timeout_s: float, owner_pid: int) -> None:
+    if not inherited(owner_pid):  # a forked child's copy: its lock may be held for ever
+        health.leave(io_timeout_s)
 
 
 def _forget_evicted(

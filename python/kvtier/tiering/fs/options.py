@@ -54,6 +54,9 @@ class StorageOptions:
     io_engine: Literal["auto", "io_uring", "psync"] = _ENGINE["io_engine"]
     # Nice value of the load-only workers: loads (what a request waits for) above stores.
     load_nice: int = _ENGINE["load_nice"]
+    # Deadline of one block operation in seconds (0: none); past it the job fails with
+    # ETIMEDOUT and the root is degraded (docs/tiers.md, "When storage stalls").
+    io_timeout_s: float = _ENGINE["io_timeout_s"]
     # Capacity of the whole root (docs/tiers.md, "Capacity"); kvtier's, not the engine's.
     max_bytes: int | None = None
     min_free_fraction: float = 0.05
@@ -85,6 +88,9 @@ class StorageOptions:
             "worker_nice": p.integer("worker_nice", get("worker_nice"), *_LIMITS["worker_nice"]),
             "io_engine": p.choice("io_engine", get("io_engine"), IO_ENGINES),
             "load_nice": p.integer("load_nice", get("load_nice"), *_LIMITS["load_nice"]),
+            "io_timeout_s": p.seconds(
+                "io_timeout_s", get("io_timeout_s"), *_LIMITS["io_timeout_s"]
+            ),
             "max_bytes": p.size("max_bytes", get("max_bytes")),
             "min_free_fraction": p.fraction(
                 "min_free_fraction", get("min_free_fraction"), MAX_MIN_FREE_FRACTION
@@ -221,6 +227,19 @@ class OptionParser:
         if not 0.0 <= number <= hi:  # also rejects NaN
             raise self.error(name, span, value)
         return number
+
+    def seconds(self, name: str, value: Any, lo: float, hi: float) -> float:
+        """A duration in seconds in [lo, hi] (0: none): an int, a float or a numeric string."""
+        span = f"a number of seconds in [{lo:g}, {hi:g}] (0: no deadline)"
+        if isinstance(value, bool):  # True seconds is a mistake, not 1
+            raise self.error(name, span, value)
+        try:
+            number = float(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError):
+            raise self.error(name, span, value) from None
+        if not lo <= number <= hi:  # also rejects NaN and infinities
+            raise self.error(name, span, value)
+        return number + 0.0  # -0.0 becomes 0.0
 
     def boolean(self, name: str, value: Any) -> bool:
         if isinstance(value, bool):
