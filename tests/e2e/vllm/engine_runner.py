@@ -137,7 +137,7 @@ def _metric_values(llm: Any) -> dict[str, float]:
     return out
 
 
-def _kvtier_stats() -> dict[str, int]:
+def _kvtier_stats() -> dict[str, int | str]:
     import cpu_offloading_spec
     from kvtier.integrations.vllm import KvtierFileSystemTier
 
@@ -251,7 +251,7 @@ class EngineProcess:
     def metrics(self) -> dict[str, float]:
         return self.call("metrics")
 
-    def tier_stats(self) -> dict[str, int]:
+    def tier_stats(self) -> dict[str, int | str]:
         return self.call("tier_stats")
 
     def reset(self) -> bool:

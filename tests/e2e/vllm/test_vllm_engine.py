@@ -54,13 +54,13 @@ def wait_for(predicate, what: str, timeout: float = 120.0):  # type: ignore[no-u
     return value
 
 
-def settled_stats(engine: EngineProcess) -> dict[str, int]:
+def settled_stats(engine: EngineProcess) -> dict[str, int | str]:
     """kvtier's counters once its stores are on disk: nothing in flight, twice 1 s apart.
 
     (Its ``queued_store_jobs`` stays up until vLLM collects the finished job in an engine
     step, which an idle engine does not take.)"""
 
-    def idle() -> dict[str, int] | None:
+    def idle() -> dict[str, int | str] | None:
         stats = engine.tier_stats()
         busy = stats["jobs_in_flight"] + stats["queued_stores"] + stats["running_stores"]
         return None if busy else stats
@@ -82,6 +82,7 @@ class Served:
     external_hits: float
     kvtier_read_bytes: float
     kvtier: dict[str, int]  # kvtier's own counters, increases over the round
+    kvtier_health: str  # "healthy" unless the root's storage stopped answering
 
 
 def serve(engine: EngineProcess, prompts: list[list[int]]) -> Served:
@@ -94,7 +95,9 @@ def serve(engine: EngineProcess, prompts: list[list[int]]) -> Served:
         - metric(before_m, "vllm:external_prefix_cache_hits"),
         kvtier_read_bytes=metric(after_m, "vllm:kv_offload_tiering_read_bytes", KVTIER)
         - metric(before_m, "vllm:kv_offload_tiering_read_bytes", KVTIER),
-        kvtier={k: after_s[k] - before_s[k] for k in after_s},
+        # "health" is the one stats value that is not a counter; it is checked, not diffed.
+        kvtier={k: v - before_s[k] for k, v in after_s.items() if isinstance(v, int)},
+        kvtier_health=str(after_s["health"]),
     )
 
 
@@ -103,6 +106,7 @@ def assert_served_prefix_from_kvtier(served: Served, reference: list[list[int]])
     assert served.external_hits >= PREFIX_TOKENS, "the shared prefix came from the connector"
     assert served.kvtier["load_blocks"] >= PREFIX_CHUNKS
     assert served.kvtier["failed_load_blocks"] == 0
+    assert served.kvtier_health == "healthy"
     # vLLM's own counter for the kvtier tier: the prefix's KV bytes were read from it.
     assert served.kvtier_read_bytes == served.kvtier["load_bytes"] >= PREFIX_CHUNKS * CHUNK_BYTES
 
