@@ -110,11 +110,48 @@ HEADER = [
 ]
 
 
+def compact(directory: Path, peer: str, key: str) -> None:
+    """One line per file system, threads and layout: kvtier against ``peer`` on ``key``
+    (store_gbps or load_gbps) at each block size, medians and their ratio."""
+    table: dict[tuple[str, int, str], dict[str, str]] = {}
+    labels: list[str] = []
+    for path in sorted(directory.glob("*.json")):
+        m = NAME.match(path.stem)
+        if not m:
+            continue
+        results = json.loads(path.read_text())
+        for entry in results["sizes"]:
+            theirs = entry["tiers"].get(peer)
+            if theirs is None:
+                continue
+            mine = entry["tiers"]["kvtier"]["throughput"][key]
+            other = theirs["throughput"][key]
+            if entry["label"] not in labels:
+                labels.append(entry["label"])
+            row = table.setdefault((m["fs"], int(m["threads"]), m["layout"]), {})
+            row[entry["label"]] = f"{mine:.2f} vs {other:.2f} (**{mine / other:.2f}x**)"
+    what = key.removesuffix("_gbps")
+    print(f"\n| {what} GB/s, kvtier vs {LABELS.get(peer, peer)} | " + " | ".join(labels) + " |")
+    print("|---|" + "---|" * len(labels))
+    for (fs, threads, layout), row in sorted(table.items()):
+        cells = " | ".join(row.get(label, "-") for label in labels)
+        print(f"| {fs}, {threads}+{threads}, {layout} | {cells} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", type=Path)
     p.add_argument("--log", type=Path)
+    p.add_argument(
+        "--compact",
+        metavar="PEER",
+        help="only kvtier against this tier (vllm, lmcache-disk-odirect, ...): store and load",
+    )
     args = p.parse_args()
+    if args.compact:
+        for key in ("load_gbps", "store_gbps"):
+            compact(args.dir, args.compact, key)
+        return
     loads = loads_from_log(args.log)
     groups: dict[tuple[str, str], list[list[str]]] = {}
     for path in sorted(args.dir.glob("*.json")):
