@@ -18,9 +18,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
+from kvtier.tiering.fs.capacity.daemon_pool import DaemonPool
 from kvtier.tiering.fs.capacity.ledger import (
     PROCESS_CLOSE_FAILURES,
     CloseFailures,
@@ -117,7 +118,7 @@ def evict(
     tune.threads = max(1, min(workers, tune.threads))
     own_pool = pool is None and workers > 1 and not dry_run
     if own_pool:
-        pool = ThreadPoolExecutor(max_workers=workers)
+        pool = DaemonPool(workers, "kvtier-evict")  # never joined at exit (daemon_pool.py)
     elif dry_run or workers <= 1:
         pool = None
     i = 0
