@@ -172,6 +172,35 @@ def test_shutdown_returns_with_engine_resolver_and_capacity_thread_stuck(
     assert _writer_locks_free(stallfs.backing / "root")
 
 
+def test_drain_returns_with_engine_resolver_and_capacity_thread_stuck(stallfs: StallFS) -> None:
+    """drain_jobs() with stores stuck in the engine (as many as it can replace workers for:
+    docs/tiers.md, "drain_jobs()") and lookups queued behind a stuck check returns once the
+    stores met their deadline, without waiting for the resolver or the capacity thread."""
+    root = stallfs.mountpoint / "root"
+    tier = _tier(root, async_lookup=True)
+    resolver = _alive("kvtier-lookup")
+    capacity = _alive("kvtier-capacity")
+    try:
+        stallfs.freeze("all")
+        for i in range(100, 110):
+            assert tier.lookup(_key(i), CTX) is None
+        _wait_for("the resolver stuck", lambda: _in_kernel(resolver[0]))
+        _wait_for("the capacity thread stuck", lambda: _in_kernel(capacity[0]))
+        tier.submit_store(_job(1, [_key(1)], [1]))
+        tier.submit_store(_job(2, [_key(2)], [2]))
+        _guarded(tier.drain_jobs, "drain_jobs with every thread stuck")
+        results = {r.job_id: r for r in tier.get_finished()}  # drained: ready at once
+        assert set(results) == {1, 2}
+        for r in results.values():
+            assert not r.success and f"errno {errno.ETIMEDOUT}" in (r.error or ""), r.error
+        assert resolver[0].is_alive() and capacity[0].is_alive()
+        assert tier.lookup(_key(100), CTX) is False  # degraded by the stores' timeouts
+    finally:
+        _guarded(tier.shutdown, "shutdown")
+        stallfs.thaw()
+    _wait_for("the capacity thread exited", lambda: not capacity[0].is_alive())
+
+
 def test_drain_answers_stores_waiting_for_budget_when_the_capacity_thread_is_stuck(
     stallfs: StallFS,
 ) -> None:
