@@ -81,9 +81,10 @@ StepError copy_into_owned(const IoContext& ctx, WorkerContext& worker, const Blo
 /// memory of `op`. Only after the worker claimed its batch. With `crc` (may be null: none
 /// wanted), *crc is the CRC32C of the bytes copied, taken in the same pass for host memory
 /// (for device memory a pass over `owned` after the copy, which is why the worker asks for
-/// it only where payload_in_host_memory(op)): the caller must compare it with the header's before it reports
-/// the block loaded (the bytes are in the caller's memory by then, whatever they are; the
-/// job is not reported yet, and a block that fails is never reported loaded). Never throws.
+/// it only where payload_in_host_memory(op)). The caller must compare it with the header's
+/// before it reports the block loaded: the bytes are in the caller's memory by then,
+/// whatever they are, which is harmless only because the job is not reported yet and a block
+/// that fails is never reported loaded. Never throws.
 StepError copy_out_of_owned(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                             const unsigned char* owned, cuda::Event ready,
                             std::uint32_t* crc = nullptr) noexcept;
