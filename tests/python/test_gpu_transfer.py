@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -628,3 +629,33 @@ def test_store_waiting_for_budget_does_not_hold_the_callers_thread(
     assert stored.success, stored.error
     transfer.drain()
     assert transfer.get_finished() == []  # reported once
+
+
+def test_stores_written_but_not_collected_are_not_evicted(make_transfer, collect_results, tmp_path):
+    """A store the engine has written but get_finished() has not handed out yet still counts
+    as in flight: its files are no eviction candidates (evicting them frees nothing in the
+    count, and the evictor would empty the cache). Once collected, eviction brings the cache
+    down to its watermark."""
+    files = 6
+    file_bytes = 4096 + 4096  # header + one page of payload
+    kv = [rand((files, 4096), torch.uint8, seed=9)]
+    transfer = make_transfer(
+        kv, max_bytes=files * file_bytes + file_bytes // 2, eviction="lru", min_free_fraction=0
+    )
+    for i in range(files):
+        transfer.store(100 + i, [i], [key(i)])
+    deadline = time.monotonic() + 60
+    while transfer.stats()["store_blocks"] < files:  # written, not collected
+        assert time.monotonic() < deadline, "the engine never wrote every block"
+        time.sleep(0.05)
+    capacity = transfer._capacity
+    for _ in range(3):  # passes asked for and run while the stores are uncollected
+        capacity.request_eviction()
+        assert capacity.wait_idle(60), "the capacity thread never went idle"
+    assert transfer.stats()["evicted_blocks"] == 0
+    assert len(list((tmp_path / "root").rglob("*.kvb"))) == files
+    results = collect_results(transfer, [100 + i for i in range(files)])
+    assert all(r.success for r in results.values())
+    capacity.request_eviction()
+    assert capacity.wait_idle(60)
+    assert 0 < len(list((tmp_path / "root").rglob("*.kvb"))) < files

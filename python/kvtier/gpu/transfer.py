@@ -24,10 +24,9 @@ from kvtier.gpu.writable import read_only_tensor
 from kvtier.tiering.base import JobId, JobResult, OffloadKey
 from kvtier.tiering.fs.capacity import CapacityController
 from kvtier.tiering.fs.capacity.controller import Deferred
-from kvtier.tiering.fs.capacity.ledger import state_dir
 from kvtier.tiering.fs.engine import EngineIoReport, open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper
-from kvtier.tiering.fs.health import RootHealth, join_root
+from kvtier.tiering.fs.health import RootHealth, join_root_for
 from kvtier.tiering.fs.oserror import naming
 from kvtier.tiering.spec import OffloadingSpec
 from kvtier.tiering.validation import check_block_ids, check_job_id, check_keys
@@ -111,18 +110,14 @@ class GPUStorageTransfer(EngineIoReport):
         self._finalizer = weakref.finalize(self, _close, self._capacity, self._owner_pid)
         # The root's health, shared with the fs tiers of this process on it (fs/health.py):
         # while it is degraded, stores and loads fail at once.
-        self._health: RootHealth = join_root(
-            self._capacity.root,
-            state_dir(self._capacity.root),
-            self._capacity.identity,
-            opts.io_timeout_s,
-        )
-        self._health_finalizer = weakref.finalize(
-            self, _leave_health, self._health, opts.io_timeout_s, self._owner_pid
+        self._health: RootHealth
+        self._health, self._health_finalizer = join_root_for(
+            self, self._capacity, opts.io_timeout_s
         )
         self._epochs: dict[JobId, int] = {}  # health epoch at submission, by job
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
-        self._admitted_jobs: set[JobId] = set()
+        # Admitted stores' block files, kept from eviction until the store is collected.
+        self._admitted_jobs: dict[JobId, list[str]] = {}
         # Stores whose admission is not answered yet (waiting for budget): drain() waits.
         self._admissions = threading.Condition()
         self._admitting = 0
@@ -183,6 +178,7 @@ class GPUStorageTransfer(EngineIoReport):
                 answer = self._capacity.admit(
                     len(keys),
                     lambda refusal: self._admitted(job_id, keys, ids, paths, stream, refusal, True),
+                    paths,
                 )
             except OSError as e:  # the ledger's disk fails: a failed job, never a raise
                 answer = f"capacity ledger: {e.strerror or e} (errno {e.errno})"
@@ -218,7 +214,7 @@ class GPUStorageTransfer(EngineIoReport):
                     self._refuse(job_id, f"store: {refusal}")
                     return
                 with self._lock:
-                    self._admitted_jobs.add(job_id)
+                    self._admitted_jobs[job_id] = paths
                 self._submit_blocks(job_id, _core.Direction.STORE, keys, ids, paths, stream, True)
             finally:
                 self._admission_done()
@@ -227,7 +223,7 @@ class GPUStorageTransfer(EngineIoReport):
             self._refuse(job_id, f"store: {refusal}")
             return
         with self._lock:
-            self._admitted_jobs.add(job_id)
+            self._admitted_jobs[job_id] = paths
         self._submit_blocks(job_id, _core.Direction.STORE, keys, ids, paths, stream)
 
     def _refuse(self, job_id: JobId, error: str, load: bool = False) -> None:
@@ -261,13 +257,12 @@ class GPUStorageTransfer(EngineIoReport):
             )
         except BaseException as e:
             with self._lock:
-                admitted = job_id in self._admitted_jobs
-                self._admitted_jobs.discard(job_id)
+                admitted = self._admitted_jobs.pop(job_id, None)
                 if not deferred:
                     del self._keys[job_id]
                     self._epochs.pop(job_id, None)
-            if admitted:
-                self._capacity.finish_store(len(keys), 0)
+            if admitted is not None:
+                self._capacity.finish_store(len(keys), 0, admitted)
             if deferred:
                 shut = isinstance(e, ShutDownError)
                 self._refuse(job_id, f"store: {'GPUStorageTransfer is shut down' if shut else e}")
@@ -290,15 +285,13 @@ class GPUStorageTransfer(EngineIoReport):
             with self._lock:
                 keys = self._keys.pop(c.job_id, ())
                 epoch = self._epochs.pop(c.job_id, -1)
-                admitted = c.job_id in self._admitted_jobs
-                self._admitted_jobs.discard(c.job_id)
-            if admitted:  # c.bytes counts the payload of each file the store created
+                admitted = self._admitted_jobs.pop(c.job_id, None)
+            if admitted is not None:  # c.bytes counts the payload of each file the store created
                 new_blocks = c.bytes // max(1, self.block_bytes)
-                self._capacity.finish_store(len(keys), new_blocks)
+                self._capacity.finish_store(len(keys), new_blocks, admitted)
                 if new_blocks < len(keys):  # some were there already: this store used them
-                    path_of = self.file_mapper.get_file_name
                     self._capacity.record_use(
-                        [path_of(k) for k, e in zip(keys, c.block_errnos) if e == 0]
+                        [p for p, e in zip(admitted, c.block_errnos) if e == 0]
                     )
             if c.errno == errno.ETIMEDOUT or errno.ETIMEDOUT in c.block_errnos:
                 self._health.report_timeout(
@@ -351,11 +344,6 @@ class GPUStorageTransfer(EngineIoReport):
     def numa_node(self) -> int:
         """The NUMA node the workers are pinned to (``numa_bind``), or -1."""
         return int(self._engine.numa_node)
-
-
-def _leave_health(health: RootHealth, io_timeout_s: float, owner_pid: int) -> None:
-    if not inherited(owner_pid):  # a forked child's copy: its lock may be held for ever
-        health.leave(io_timeout_s)
 
 
 def _close(capacity: CapacityController, owner_pid: int) -> None:

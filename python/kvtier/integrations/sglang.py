@@ -53,10 +53,9 @@ from kvtier._rate_limited_log import RateLimitedLog
 from kvtier.errors import InvalidArgumentError, ShutDownError, StorageError
 from kvtier.integrations._engine_version import EngineRequirement
 from kvtier.tiering.fs.capacity import CapacityController
-from kvtier.tiering.fs.capacity.ledger import state_dir
 from kvtier.tiering.fs.engine import open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper, host_label
-from kvtier.tiering.fs.health import RootHealth, join_root
+from kvtier.tiering.fs.health import RootHealth, join_root_for
 from kvtier.tiering.fs.options import FsTierOptions, OptionParser
 from kvtier.tiering.fs.sweep import sweep_dead_tmp_files
 from kvtier.tiering.spec import OffloadingSpec
@@ -320,11 +319,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._capacity = capacity
         # The root's health, shared with kvtier's other users of the root in this process
         # (fs/health.py): while it is degraded, exists() misses and get/set fail at once.
-        health = join_root(
-            capacity.root, state_dir(capacity.root), capacity.identity, self.options.io_timeout_s
-        )
-        self._leave_health = weakref.finalize(self, health.leave, self.options.io_timeout_s)
-        self._health = health
+        self._health, self._leave_health = join_root_for(self, capacity, self.options.io_timeout_s)
         self.file_mapper, self._pool_layout = mapper, pool_layout
         self._waiter = _JobWaiter(engine)
         self._engine = engine
@@ -376,7 +371,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
             return [False] * len(paths)
         epoch = health.epoch
         if not is_load and paths:
-            refusal = capacity.admit(len(paths))
+            refusal = capacity.admit(len(paths), paths=paths)
             if refusal is not None:
                 self._failure_log.error("Job %s block I/O failed: set: %s", job_id, refusal)
                 return [False] * len(paths)
@@ -385,7 +380,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
             submit(engine, job_id)
         except BaseException:
             if not is_load and paths:
-                capacity.finish_store(len(paths), 0)
+                capacity.finish_store(len(paths), 0, paths)
             raise
         c = self._waiter.wait(job_id)
         if not c.success:
@@ -402,7 +397,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
             # c.bytes counts the payload of each file the store created (a page on disk
             # already is skipped, and used by this set).
             new_blocks = c.bytes // max(1, pool_layout.page_bytes)
-            capacity.finish_store(len(paths), new_blocks)
+            capacity.finish_store(len(paths), new_blocks, paths)
         if is_load or new_blocks < len(paths):
             capacity.record_use([p for p, good in zip(paths, ok) if good])
         if self._metrics_on and ok:

@@ -19,10 +19,13 @@ import logging
 import os
 import secrets
 import threading
+import weakref
 from collections.abc import Callable
 from itertools import count
+from typing import Protocol
 
-from kvtier._fork import after_fork_in_child, this_process
+from kvtier._fork import after_fork_in_child, inherited, this_process
+from kvtier.tiering.fs.capacity.ledger import state_dir
 from kvtier.tiering.fs.file_mapper import host_label
 
 logger = logging.getLogger(__name__)
@@ -245,6 +248,30 @@ def join_root(root: str, probe_dir: str, key: tuple[int, int], io_timeout_s: flo
             health = _registry[key] = RootHealth(root, probe_dir, key)
         health.join(io_timeout_s)
     return health
+
+
+class _BudgetedRoot(Protocol):
+    """What a user of a root knows of it: its path and ``(st_dev, st_ino)`` (a capacity
+    controller's ``root`` and ``identity``)."""
+
+    root: str
+    identity: tuple[int, int]
+
+
+def join_root_for(
+    owner: object, capacity: _BudgetedRoot, io_timeout_s: float
+) -> tuple[RootHealth, weakref.finalize]:
+    """Join the health of ``capacity``'s root on behalf of ``owner`` (a tier, a transfer, a
+    backend): returns it and the finalizer that leaves it, called by the owner's shutdown or
+    when the owner is collected. A forked child's copy never leaves: the parent's membership
+    is not the child's, and the registry lock may be held for ever there."""
+    health = join_root(capacity.root, state_dir(capacity.root), capacity.identity, io_timeout_s)
+    return health, weakref.finalize(owner, _leave, health, io_timeout_s, this_process())
+
+
+def _leave(health: RootHealth, io_timeout_s: float, owner_pid: int) -> None:
+    if not inherited(owner_pid):
+        health.leave(io_timeout_s)
 
 
 def _forget(health: RootHealth) -> None:

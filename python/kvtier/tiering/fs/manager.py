@@ -31,10 +31,9 @@ from kvtier.tiering.base import (
 )
 from kvtier.tiering.fs.capacity import CapacityController
 from kvtier.tiering.fs.capacity.controller import Deferred
-from kvtier.tiering.fs.capacity.ledger import state_dir
 from kvtier.tiering.fs.engine import EngineIoReport, open_engine
 from kvtier.tiering.fs.file_mapper import BLOCK_SUFFIX, FileMapper, host_label
-from kvtier.tiering.fs.health import RootHealth, join_root
+from kvtier.tiering.fs.health import RootHealth, join_root_for
 from kvtier.tiering.fs.lookup import LookupCache
 from kvtier.tiering.fs.options import FsTierOptions
 from kvtier.tiering.fs.oserror import naming
@@ -122,14 +121,9 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         )
         # Degraded after a block operation times out, until a probe answers (fs/health.py);
         # shared with the other tiers of this process on the same root.
-        self._health: RootHealth = join_root(
-            self._capacity.root,
-            state_dir(self._capacity.root),
-            self._capacity.identity,
-            opts.io_timeout_s,
-        )
-        self._health_finalizer = weakref.finalize(
-            self, _leave_health, self._health, opts.io_timeout_s, self._owner_pid
+        self._health: RootHealth
+        self._health, self._health_finalizer = join_root_for(
+            self, self._capacity, opts.io_timeout_s
         )
         self._degraded_jobs = 0
         self._degraded_lookups = 0
@@ -473,11 +467,6 @@ def _close(lookups: LookupCache, capacity: CapacityController, owner_pid: int) -
             logger.warning(
                 "closing the %s failed: %s (the tier is shut down all the same)", part, str(e)
             )
-
-
-def _leave_health(health: RootHealth, io_timeout_s: float, owner_pid: int) -> None:
-    if not inherited(owner_pid):  # a forked child's copy: its lock may be held for ever
-        health.leave(io_timeout_s)
 
 
 def _forget_evicted(
