@@ -24,7 +24,8 @@ for fs in ${FSES:-ext4:/tmp tmpfs:/dev/shm}; do
           --sizes 256K,2M --total "${TOTAL:-768M}" --repeat 3 --blocks-per-job 16 \
           --read-threads "$threads" --write-threads "$threads" --primary "$primary" \
           --ceilings huge ${EXTRA:-} --json "$out/$name.json" --quiet > "$out/$name.txt" 2>&1
-        echo "$(date -u +%H:%M:%S) $name rc=$? load $(cut -d' ' -f1-3 /proc/loadavg)"
+        rc=$?
+        echo "$(date -u +%H:%M:%S) $name rc=$rc load $(cut -d' ' -f1-3 /proc/loadavg)"
       done
     done
   done
