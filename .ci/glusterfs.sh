@@ -12,12 +12,16 @@
 # Needs root, /dev/fuse and Debian's glusterfs-server + glusterfs-client. Settings (env):
 #   KVTIER_GLUSTER_DIR  (default /tmp/kvtier-gluster)   where state, brick and mounts live
 #   KVTIER_GLUSTER_NS   (default kvtier-gfs)            network namespace name
+#   KVTIER_GLUSTER_VOL  (default kvtier)                volume name (one per set-up: the brick's
+#                                                       pid files live under /var/run/gluster/vols/)
+#   KVTIER_GLUSTER_PING (default: GlusterFS's, 42 s)    network.ping-timeout of the volume
 #   COHERENT=1          client caches off (direct-io, attribute/entry timeouts 0)
 set -uo pipefail
 S=${KVTIER_GLUSTER_DIR:-/tmp/kvtier-gluster}
 NS=${KVTIER_GLUSTER_NS:-kvtier-gfs}
 HOSTIP=127.0.0.2  # the gluster CLI refuses 127.0.0.1 and localhost as a brick host
-VOL=kvtier
+VOL=${KVTIER_GLUSTER_VOL:-kvtier}
+PING=${KVTIER_GLUSTER_PING:-}
 COHERENT=${COHERENT:-0}
 IN_NS=(nsenter "--net=/run/netns/$NS")
 # glusterd's CLI socket is a file, not part of the network namespace: a socket of our own lets
@@ -121,6 +125,9 @@ EOF
       "${CLI[@]}" volume set $VOL $o off >/dev/null || return 1
     done
     mopts=",direct-io-mode=enable,attribute-timeout=0,entry-timeout=0"
+  fi
+  if [ -n "$PING" ]; then
+    "${CLI[@]}" volume set $VOL network.ping-timeout "$PING" >/dev/null || return 1
   fi
   "${CLI[@]}" volume start $VOL >/dev/null || return 1
   # Two independent FUSE clients = two "hosts". The client processes live in the network

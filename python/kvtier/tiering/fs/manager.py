@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -30,10 +31,12 @@ from kvtier.tiering.base import (
     SecondaryTierManager,
 )
 from kvtier.tiering.fs.capacity import CapacityController
+from kvtier.tiering.fs.capacity.controller import CLOSE_WAIT_SECONDS as CAPACITY_CLOSE_WAIT_SECONDS
 from kvtier.tiering.fs.capacity.controller import Deferred
 from kvtier.tiering.fs.engine import EngineIoReport, open_engine
 from kvtier.tiering.fs.file_mapper import BLOCK_SUFFIX, FileMapper, host_label
 from kvtier.tiering.fs.health import RootHealth, join_root_for
+from kvtier.tiering.fs.lookup import CLOSE_WAIT_SECONDS as LOOKUP_CLOSE_WAIT_SECONDS
 from kvtier.tiering.fs.lookup import LookupCache
 from kvtier.tiering.fs.options import FsTierOptions
 from kvtier.tiering.fs.oserror import naming
@@ -41,6 +44,11 @@ from kvtier.tiering.fs.sweep import sweep_dead_tmp_files
 from kvtier.tiering.spec import OffloadingSpec
 
 logger = logging.getLogger(__name__)
+
+# shutdown(), collection and interpreter exit return within io_timeout_s plus this: the engine
+# takes at most about io_timeout_s (the core's I/O deadlines), and the lookup and capacity
+# threads, stopped at the start, are waited for until the same deadline (docs/tiers.md).
+SHUTDOWN_GRACE_S = 1.0
 
 
 @dataclass
@@ -103,6 +111,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             opts.async_lookup,
             name="kvtier-lookup",
             root_dir=self.file_mapper.rank_dir,
+            timeout_s=opts.io_timeout_s,
         )
         self._eviction_listeners: list[Callable[[list[OffloadKey]], None]] = []
         self._capacity = CapacityController(
@@ -114,10 +123,16 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
                 self._lookups, self.file_mapper.rank_dir, self._eviction_listeners
             ),
         )
-        # Stop the resolver and capacity threads even if the tier is dropped without
-        # shutdown().
+        # Stop the engine and the resolver and capacity threads even if the tier is dropped
+        # without shutdown() (and at interpreter exit), within one deadline.
         self._finalizer = weakref.finalize(
-            self, _close, self._lookups, self._capacity, self._owner_pid
+            self,
+            _close,
+            self._engine,
+            self._lookups,
+            self._capacity,
+            self._owner_pid,
+            opts.io_timeout_s,
         )
         # Degraded after a block operation times out, until a probe answers (fs/health.py);
         # shared with the other tiers of this process on the same root.
@@ -125,6 +140,9 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         self._health, self._health_finalizer = join_root_for(
             self, self._capacity, opts.io_timeout_s
         )
+        # A lookup's check that does not answer by the deadline degrades the root; once it
+        # is degraded, no lookup waits for one.
+        self._lookups.watch(self._health)
         self._degraded_jobs = 0
         self._degraded_lookups = 0
 
@@ -334,11 +352,21 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
 
     @owner_process_only
     def get_finished(self) -> list[JobResult]:
+        self._expire_waiting()
         self._collect()
         with self._lock:
             results, self._ready = self._ready, []
             self._unreported.difference_update(r.job_id for r in results)
         return results
+
+    def _expire_waiting(self) -> None:
+        """Answer stores waiting for budget that the capacity thread cannot answer (it may be
+        stuck in the kernel on the stalled root): every one at once while the root is
+        degraded, those past their wait otherwise. Memory only; nothing when none waits."""
+        reason = self._health.reason
+        self._capacity.expire_waiting(
+            None if reason is None else f"root {self._health.root} is degraded ({reason})"
+        )
 
     def _collect(self) -> None:
         """Move finished engine jobs into the ready list (their store slots count as free)."""
@@ -393,6 +421,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
                 if self._admitting == 0:
                     break
                 self._admissions.wait(0.01)
+            self._expire_waiting()
             self._collect()
         self._engine.drain()
         # Collect now: drained stores stop counting against max_queued_store_jobs before the
@@ -404,14 +433,16 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
     def shutdown(self) -> None:
         """Running block operations finish, queued ones fail (ECANCELED); idempotent.
 
-        Results of every job stay available from get_finished().
+        Returns within ``io_timeout_s`` plus SHUTDOWN_GRACE_S even with every thread stuck
+        in the kernel (docs/tiers.md, "When storage stalls"). Results of every job stay
+        available from get_finished().
         """
         if inherited(self._owner_pid):
             return  # a forked child's copy: nothing of it runs here (see kvtier._fork)
         with self._lock:
             self._shut_down = True
-        self._engine.shutdown()
-        self._finalizer()  # stops the lookup and capacity threads, hands the lease back
+        # Stops the engine, the lookup and capacity threads, and hands the lease back.
+        self._finalizer()
         self._health_finalizer()  # the last tier on the root stops its probing
 
     @property
@@ -452,15 +483,44 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         return bool(self._engine.direct_io)
 
 
-def _close(lookups: LookupCache, capacity: CapacityController, owner_pid: int) -> None:
+def _close(
+    engine: Any,
+    lookups: LookupCache,
+    capacity: CapacityController,
+    owner_pid: int,
+    io_timeout_s: float,
+) -> None:
+    """The tier's teardown (shutdown(), collection, interpreter exit), bounded by one
+    deadline: io_timeout_s + SHUTDOWN_GRACE_S from the start. The lookup and capacity threads
+    are asked to stop first, so they wind down while the engine stops (at most about
+    io_timeout_s, the core's deadlines); then both are waited for until the deadline. A
+    thread still stuck in the kernel then is left to finish on its own: it closes its own
+    descriptors, and holds nothing the tier frees. Without a deadline (io_timeout_s=0) the
+    engine waits for every running operation, however long, and then the threads are waited
+    for at most lookup.CLOSE_WAIT_SECONDS and capacity.CLOSE_WAIT_SECONDS (together, not in
+    turn)."""
     # In a forked child (at its exit) the threads and the budget lease are the parent's.
     if inherited(owner_pid):
         return
+    started = time.monotonic()
+    lookups.stop()
+    capacity.stop()
+    engine.shutdown()
+    if io_timeout_s > 0:
+        deadline = started + io_timeout_s + SHUTDOWN_GRACE_S
+        lookup_deadline = capacity_deadline = deadline
+    else:
+        stopped = time.monotonic()
+        lookup_deadline = stopped + LOOKUP_CLOSE_WAIT_SECONDS
+        capacity_deadline = stopped + CAPACITY_CLOSE_WAIT_SECONDS
     # shutdown() never raises for the storage's sake: a volume that fails every call (EIO) or
     # is gone still lets the tier stop; what could not be written back is said once.
-    for part, close in (("lookup cache", lookups.close), ("capacity budget", capacity.close)):
+    for part, close, until in (
+        ("lookup cache", lookups.close, lookup_deadline),
+        ("capacity budget", capacity.close, capacity_deadline),
+    ):
         try:
-            close()
+            close(until)
         except OSError as e:
             # str(e): a record holding the exception would keep its frames (and their open
             # files) alive for as long as a handler keeps the record.

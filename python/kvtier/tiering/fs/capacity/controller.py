@@ -20,10 +20,10 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kvtier._fork import after_fork_in_child
+from kvtier.tiering.fs.capacity.daemon_pool import DaemonPool
 from kvtier.tiering.fs.capacity.evictor import (
     UNLINK_WORKERS,
     UnlinkTuning,
@@ -31,6 +31,7 @@ from kvtier.tiering.fs.capacity.evictor import (
     evictor_lock,
 )
 from kvtier.tiering.fs.capacity.ledger import (
+    CloseFailures,
     LedgerState,
     UsageLedger,
     WriterRecord,
@@ -70,8 +71,9 @@ IDLE_SECONDS = 2.0
 # for eviction to make room, then fails with ENOSPC.
 STORE_WAIT_SECONDS = 10.0
 WAIT_POLL_SECONDS = 0.05
-# close() waits this long for the capacity thread's last record (a stalled file system
-# must not hold shutdown()).
+# close() without a deadline waits this long for the capacity thread's last record (a stalled
+# file system must not hold shutdown()); the fs tier passes its own deadline instead, derived
+# from io_timeout_s (docs/tiers.md, "When storage stalls").
 CLOSE_WAIT_SECONDS = 5.0
 
 _instances = itertools.count()
@@ -149,7 +151,10 @@ class CapacityController:
         self._recent_need = self._since_serve = 0
         self.reserve_cap = max(self.chunk_bytes, int((policy.max_bytes or 0) * RESERVE_FRACTION))
         self._closed = False
-        self._slot = WriterSlot(self.root, file_mode)
+        # close(2) failures of the writer and evictor lock descriptors (a FUSE or network
+        # file system reports a failed flush there): counted, logged once, never raised.
+        self.close_failures = CloseFailures()
+        self._slot = WriterSlot(self.root, file_mode, self.close_failures)
         self._state: LedgerState = self.ledger.read()
         self._since_statvfs = 0
         self._free_check_bytes = 0  # 1% of the file system, from the thread's statvfs
@@ -173,7 +178,7 @@ class CapacityController:
         self._candidates_at = 0.0
         self._pass_seconds = 0.0
         self._fruitless = False  # the last pass that needed room found nothing to evict
-        self._unlinkers: ThreadPoolExecutor | None = None
+        self._unlinkers: DaemonPool | None = None
         self._unlink_tuning: UnlinkTuning | None = None  # where the last pass's waves settled
         self.evicted_blocks = self.evicted_bytes = self.rejected_stores = 0
         # CPU seconds of eviction passes (scans, ledger, unlinks; every thread involved):
@@ -198,7 +203,7 @@ class CapacityController:
         self._thread.start()
 
     def _count_small_root(self) -> None:
-        with evictor_lock(self.root, file_mode=self._file_mode) as held:
+        with evictor_lock(self.root, self._file_mode, self.close_failures) as held:
             if not held:
                 return
             state, _ = self.ledger.reap_dead(self.ledger.read(), keep=self._slot.id)
@@ -386,6 +391,7 @@ class CapacityController:
                 "evicted_blocks": self.evicted_blocks,
                 "evicted_bytes": self.evicted_bytes,
                 "rejected_stores": self.rejected_stores,
+                "ledger_close_failures": self.close_failures.count,
             }
 
     def _record(self, extra: int = 0) -> WriterRecord:
@@ -542,18 +548,24 @@ class CapacityController:
         for w in granted:
             w.then(None)
 
-    def _expire(self) -> None:
-        """Refuse waiting stores past their deadline, and every one under eviction "none"
-        (nothing will make room for them)."""
+    def _expire(
+        self,
+        overdue_only: bool = False,
+        grace: float = 0.0,
+        why: str = "the byte budget is full",
+    ) -> None:
+        """Refuse waiting stores past their deadline (plus ``grace``), and (unless
+        ``overdue_only``) every one under eviction "none" (nothing will make room for them)."""
         refused: list[tuple[_Wait, str]] = []
-        now = time.monotonic()
+        now = time.monotonic() - grace
+        refuse_all = self.policy.eviction == "none" and not overdue_only
         with self._lock:
             keep: deque[_Wait] = deque()
             for w in self._waiting:
-                if self.policy.eviction == "none" or now >= w.deadline:
+                if refuse_all or now >= w.deadline:
                     self._release(w.paths)
                     self.rejected_stores += 1
-                    refused.append((w, self._refusal(w.need, "the byte budget is full")))
+                    refused.append((w, self._refusal(w.need, why)))
                 else:
                     keep.append(w)
             self._waiting = keep
@@ -561,6 +573,7 @@ class CapacityController:
             w.then(why)
 
     def _refuse_waiting(self, why: str, code: int = errno.ENOSPC) -> None:
+        """Refuse every waiting store with ``why`` (memory only: any thread)."""
         with self._lock:
             waiting, self._waiting = list(self._waiting), deque()
             for w in waiting:
@@ -623,7 +636,7 @@ class CapacityController:
                 self.eviction_cpu_seconds += time.thread_time() - started
 
     def _locked_pass(self) -> None:
-        with evictor_lock(self.root, self._file_mode) as held:
+        with evictor_lock(self.root, self._file_mode, self.close_failures) as held:
             if not held:
                 return  # another process (or gc) is at it; no repeated work
             self.recency.flush()
@@ -714,7 +727,8 @@ class CapacityController:
     def _evict_candidates(self, need: int) -> int:
         """Evict the oldest candidates until ``need`` bytes are freed; returns bytes freed."""
         if self._unlinkers is None:
-            self._unlinkers = ThreadPoolExecutor(UNLINK_WORKERS, "kvtier-evict")
+            # Daemon threads: an unlink stuck in the kernel must not hold interpreter exit.
+            self._unlinkers = DaemonPool(UNLINK_WORKERS, "kvtier-evict")
         done = evict(
             self._candidates,
             need,
@@ -777,15 +791,49 @@ class CapacityController:
                 self._busy = False
                 self._wake.notify_all()
 
-    def close(self) -> None:
-        """Stop the thread, flush uses and hand the reservation back (idempotent). Waits at
-        most CLOSE_WAIT_SECONDS for the thread (a stalled file system may hold it)."""
+    def stop(self) -> None:
+        """Ask the thread to finish: refuse waiting stores, flush uses, write the last record
+        and release its descriptors, all on the thread (so nothing it may be stuck on is
+        closed or freed under it). Returns at once; idempotent."""
         if self._stop.is_set():
             return
         self._stop.set()
         self.request_eviction()
-        if self._thread is not threading.current_thread():
-            self._exited.wait(CLOSE_WAIT_SECONDS)
+
+    def join(self, deadline: float) -> bool:
+        """Wait until the thread has finished (True) or ``deadline`` (time.monotonic())
+        passed (False): a thread stuck in the kernel on a stalled file system is left to
+        finish on its own when the kernel returns (the evictor folds its record in once its
+        lock is gone, at the latest when the process exits)."""
+        if self._thread is threading.current_thread():
+            return self._exited.is_set()
+        return self._exited.wait(max(0.0, deadline - time.monotonic()))
+
+    def close(self, deadline: float | None = None) -> None:
+        """Stop the thread, flush uses and hand the reservation back (idempotent). Waits for
+        the thread until ``deadline`` (time.monotonic()), or at most CLOSE_WAIT_SECONDS
+        without one (a stalled file system may hold it)."""
+        self.stop()
+        self.join(time.monotonic() + CLOSE_WAIT_SECONDS if deadline is None else deadline)
+
+    def expire_waiting(self, reason: str | None = None) -> None:
+        """Answer stores waiting for budget from the caller's thread, touching only memory:
+        with ``reason`` (the root is degraded), every one is refused with it at once (they
+        would be sent into the stall); without, those past their deadline are refused. The
+        capacity thread does the latter itself, but a thread stuck in the kernel cannot, and
+        a store must not wait for it for ever (get_finished and drain_jobs call this)."""
+        if not self._waiting:  # read unlocked: the common case costs no lock
+            return
+        if reason is None:
+            # The thread answers a store within WAIT_POLL_SECONDS of its deadline unless it
+            # is stuck: say so, not "the budget is full", which nobody found out.
+            self._expire(
+                overdue_only=True,
+                grace=TICK_SECONDS,
+                why="the capacity thread did not answer in time (its storage may be stalled)",
+            )
+        else:
+            self._refuse_waiting(reason, errno.ETIMEDOUT)
 
 
 def _idle(racers: dict[str, tuple[int, int]]) -> bool:

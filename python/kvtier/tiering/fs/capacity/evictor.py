@@ -18,10 +18,18 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-from kvtier.tiering.fs.capacity.ledger import open_lock_file, state_dir, still_at, try_ofd_lock
+from kvtier.tiering.fs.capacity.daemon_pool import DaemonPool
+from kvtier.tiering.fs.capacity.ledger import (
+    PROCESS_CLOSE_FAILURES,
+    CloseFailures,
+    open_lock_file,
+    state_dir,
+    still_at,
+    try_ofd_lock,
+)
 from kvtier.tiering.fs.capacity.scanner import FileEntry, is_block_name
 
 EVICTOR_LOCK_NAME = "evictor.lock"
@@ -34,14 +42,17 @@ WAVE_BYTES = 32 << 20
 
 
 @contextlib.contextmanager
-def evictor_lock(root: str, file_mode: int = 0o600) -> Iterator[bool]:
-    """Yields True while the caller holds the root's evictor lock, False if another does."""
+def evictor_lock(
+    root: str, file_mode: int = 0o600, close_failures: CloseFailures | None = None
+) -> Iterator[bool]:
+    """Yields True while the caller holds the root's evictor lock, False if another does.
+    A failed close (the lock is dropped all the same) is counted in ``close_failures``."""
     path = os.path.join(state_dir(root), EVICTOR_LOCK_NAME)
     fd = open_lock_file(path, file_mode)
     try:
         yield try_ofd_lock(fd) and still_at(fd, path)
     finally:
-        os.close(fd)  # drops the lock
+        (close_failures or PROCESS_CLOSE_FAILURES).close(fd, path)  # drops the lock
 
 
 @dataclass
@@ -107,7 +118,7 @@ def evict(
     tune.threads = max(1, min(workers, tune.threads))
     own_pool = pool is None and workers > 1 and not dry_run
     if own_pool:
-        pool = ThreadPoolExecutor(max_workers=workers)
+        pool = DaemonPool(workers, "kvtier-evict")  # never joined at exit (daemon_pool.py)
     elif dry_run or workers <= 1:
         pool = None
     i = 0

@@ -32,6 +32,7 @@ import os
 import secrets
 import stat
 import struct
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -104,6 +105,43 @@ def try_ofd_lock(fd: int) -> bool:
 
 def ofd_unlock(fd: int) -> None:
     fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _OFD_UNLOCK)
+
+
+class CloseFailures:
+    """Counts ``close(2)`` failures of descriptors that only held a lock or were only read,
+    and logs the first one.
+
+    A network or FUSE file system reports a failed flush from ``close`` (EIO, ETIMEDOUT,
+    ENOTCONN from a dead daemon), also for a file that was never written. On Linux the
+    descriptor is released whatever ``close`` returns (retrying could close another thread's
+    new descriptor), and so is an OFD lock held through it, so nothing is lost that the
+    caller could still save: such a failure must neither stop the capacity thread nor make
+    ``shutdown()`` raise. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def close(self, fd: int, path: str) -> None:
+        try:
+            os.close(fd)
+        except OSError as e:
+            with self._lock:
+                self.count += 1
+                first = self.count == 1
+            if first:
+                logger.warning(
+                    "Closing %s failed: %s (errno %s); the descriptor and its lock are "
+                    "released all the same. Later close failures are counted "
+                    "(ledger_close_failures), not logged",
+                    path,
+                    e.strerror,
+                    e.errno,
+                )
+
+
+# Close failures of descriptors opened outside a tier (`kvtier gc`, a lone evictor_lock).
+PROCESS_CLOSE_FAILURES = CloseFailures()
 
 
 def open_lock_file(path: str, mode: int) -> int:
@@ -200,7 +238,7 @@ def _read_bounded_once(path: str, limit: int) -> bytes:
             raise Invalid(f"grew past {limit} bytes while read")
         return data
     finally:
-        os.close(fd)
+        PROCESS_CLOSE_FAILURES.close(fd, path)  # what was read stands
 
 
 def replace_atomically(path: str, data: bytes, mode: int) -> None:
@@ -469,9 +507,12 @@ def _unlink_quietly(path: str) -> None:
 class WriterSlot:
     """This tier instance's lock and record. Only the capacity thread writes the record."""
 
-    def __init__(self, root: str, file_mode: int) -> None:
+    def __init__(
+        self, root: str, file_mode: int, close_failures: CloseFailures | None = None
+    ) -> None:
         self.root = root
         self._file_mode = file_mode
+        self.close_failures = close_failures or CloseFailures()
         self.fd = -1
         self.id = ""
         self.last: WriterRecord | None = None
@@ -490,7 +531,7 @@ class WriterSlot:
         self.id = new_writer_id()
         fd = open_lock_file(self.lock_path, self._file_mode)
         if not try_ofd_lock(fd):  # a fresh random name: nobody else can hold it
-            os.close(fd)
+            self.close_failures.close(fd, self.lock_path)
             raise OSError(errno.EAGAIN, "writer lock unexpectedly held", self.lock_path)
         self.fd, self.last = fd, None
 
@@ -505,15 +546,19 @@ class WriterSlot:
             self.last = record
 
     def close(self) -> None:
-        """Release the lock (the record stays, for the evictor to fold in)."""
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Release the lock (the record stays, for the evictor to fold in). Never raises for
+        the storage's sake: a failed ``close(2)`` is counted and logged once
+        (:class:`CloseFailures`), the descriptor is gone all the same."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            self.close_failures.close(fd, self.lock_path)
 
 
 __all__ = [
     "LEDGER_FILE_NAME",
+    "PROCESS_CLOSE_FAILURES",
     "Base",
+    "CloseFailures",
     "Invalid",
     "LedgerState",
     "UsageLedger",
