@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -275,6 +276,51 @@ KV_TEST(device_blocks_round_trip_through_the_workers_own_arenas) {
   }
   CHECK_EQ(fake.registered_bytes(), 0L);
   CHECK_EQ(fake.pageable_copies(), pageable_before);
+}
+
+// Under a deadline a device store's CRC32C is taken in the pinned arena after the CUDA copy
+// (the header carries the CRC of exactly the bytes the segments held), and a device load is
+// checked in the arena before any byte is copied to the device: a flipped payload byte fails
+// it with the checksum error, the file goes, and the destination blocks keep what they held.
+KV_TEST(device_blocks_under_a_deadline_carry_and_check_the_payload_crc) {
+  TempDir dir;
+  Kv kv(4, 31);
+  Engine engine(device_config(dir, 0, 1, 1));
+  CHECK(engine.config().io_timeout_s() > 0);
+  const Completion s = run(engine, 1, Direction::kStore, ops(dir, kv, {"b0", "b1"}, {0, 1}));
+  CHECK_MSG(s.success, kvtest::describe(s));
+  const std::vector<unsigned char> b0 = kv.bytes(0);
+  {
+    std::FILE* f = std::fopen((dir / "b0").c_str(), "rb");
+    CHECK(f != nullptr);
+    unsigned char header[32];
+    CHECK_EQ(std::fread(header, 1, sizeof header, f), sizeof header);
+    std::fclose(f);
+    std::uint32_t crc = 0;
+    std::memcpy(&crc, header + 28, 4);  // payload_crc32c, little-endian (docs/FORMAT.md)
+    CHECK_EQ(crc, kvtier::crc32c(b0.data(), b0.size()));
+  }
+  {  // the last byte of the first device run
+    std::FILE* f = std::fopen((dir / "b1").c_str(), "r+b");
+    CHECK(f != nullptr);
+    CHECK_EQ(std::fseek(f, static_cast<long>(kvtier::kHeaderSize + Kv::kRun - 1), SEEK_SET), 0);
+    const int c = std::fgetc(f);
+    CHECK_EQ(std::fseek(f, static_cast<long>(kvtier::kHeaderSize + Kv::kRun - 1), SEEK_SET), 0);
+    std::fputc(c ^ 0x10, f);
+    std::fclose(f);
+  }
+  const std::vector<unsigned char> before = kv.bytes(3);
+  const Completion bad = run(engine, 2, Direction::kLoad, ops(dir, kv, {"b1"}, {3}));
+  CHECK(!bad.success);
+  CHECK_EQ(bad.error.errno_value, EBADMSG);
+  CHECK_EQ(bad.error.operation, std::string("verify"));
+  CHECK(!kvtest::file_exists(dir / "b1"));
+  CHECK_EQ(engine.stats().corrupt_files_removed, std::uint64_t{1});
+  CHECK(kv.bytes(3) == before);
+  kv.zero(2);
+  const Completion good = run(engine, 3, Direction::kLoad, ops(dir, kv, {"b0"}, {2}));
+  CHECK_MSG(good.success, kvtest::describe(good));
+  CHECK(kv.bytes(2) == b0);
 }
 
 KV_TEST(device_blocks_that_fit_one_buffer_use_registered_buffers_on_io_uring) {

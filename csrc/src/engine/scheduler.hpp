@@ -78,7 +78,9 @@ enum class BatchState : int {
   kCopying,    ///< copying the payload into the worker's own buffers: never timed out there
                ///< (memory speed, bounded), so the deadline waits for kInKernel
   kInKernel,   ///< the I/O runs on the worker's own buffers; the deadline applies
-  kClaimed,    ///< the worker won: it copies loads out and records the batch as usual
+  kClaimed,    ///< the worker won: it copies loads out and records the batch as usual; a
+               ///< load whose CRC failed in the copy out goes back to kInKernel to remove
+               ///< its file under the same deadline (worker.cpp, run_owned)
   kTimedOut,   ///< the watchdog won: the batch's blocks failed with ETIMEDOUT and were
                ///< reported; the worker is abandoned and exits when the kernel returns
 };

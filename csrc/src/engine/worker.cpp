@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <new>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "io/block_file.hpp"
 #include "io/owned_payload.hpp"
+#include "io/psync_engine.hpp"
 #include "io/worker_context.hpp"
 
 namespace kvtier::detail {
@@ -42,6 +44,11 @@ namespace {
 // stores copied in first, the I/O, then the claim; loads copied out only after it. Returns
 // false when the watchdog timed the batch out first: the worker is abandoned then, and must
 // touch neither the batch's jobs nor the caller's memory (it exits at once).
+//
+// The payload's CRC32C rides on the copies (CrcPlan): a store's is taken while it is copied
+// in and goes into the header; a host load's is taken while it is copied out and compared
+// with the header's before the block counts as loaded. Device loads are checked in the
+// arena by the I/O engine before the copy, so only verified bytes reach device memory.
 bool run_owned(const IoContext& io, WorkerContext& worker, OwnedPayloads& owned, Batch& batch) {
   const std::size_t n = batch.size;
   const char* what = batch.is_load ? "load" : "store";
@@ -53,39 +60,78 @@ bool run_owned(const IoContext& io, WorkerContext& worker, OwnedPayloads& owned,
     batch.enter_kernel();
     return batch.claim();
   }
+  const bool want_crc = io.config->checksum == Checksum::kCrc32c;
   // Blocks whose copy-in failed are not run: `run[]` lists the ones that go to the kernel.
   const BlockOp* run_ops[kMaxBatchBlocks];
   BlockResult run_results[kMaxBatchBlocks];
+  CrcPlan run_crc[kMaxBatchBlocks];
   std::size_t run_index[kMaxBatchBlocks];
   std::size_t n_run = 0;
   for (std::size_t i = 0; i < n; ++i) {
+    CrcPlan plan;
     if (!batch.is_load) {
-      StepError e = copy_into_owned(io, worker, *batch.ops[i], owned.payload(i), batch.ready());
+      StepError e = copy_into_owned(io, worker, *batch.ops[i], owned.payload(i), batch.ready(),
+                                    want_crc ? &plan.crc : nullptr);
       if (e) {
         batch.results[i] = failure(e.error, e.operation, std::string(), std::move(e.message));
         continue;
       }
+      plan.in_copy = want_crc;
+    } else {
+      plan.in_copy = want_crc && payload_in_host_memory(*batch.ops[i]);
     }
     run_index[n_run] = i;
+    run_crc[n_run] = plan;
     run_ops[n_run++] = &owned.op(i);
   }
   batch.enter_kernel();
   // The owned ops are host memory: the submitter's event matters only for the copy steps.
-  run_blocks(io, worker, batch.is_load, run_ops, n_run, nullptr, run_results);
+  run_blocks(io, worker, batch.is_load, run_ops, n_run, nullptr, run_results, run_crc);
   if (!batch.claim()) return false;
-  for (std::size_t k = 0; k < n_run; ++k) {
+  bool mismatch[kMaxBatchBlocks] = {};
+  bool any_mismatch = false;
+  for (std::size_t k = 0; k < n_run && batch.is_load; ++k) {
     const std::size_t i = run_index[k];
     BlockResult& r = run_results[k];
-    if (batch.is_load && r.ok()) {
-      StepError e = copy_out_of_owned(io, worker, *batch.ops[i], owned.payload(i), batch.ready());
-      if (e) {
-        BlockResult f = failure(e.error, e.operation, std::string(), std::move(e.message));
-        f.o_direct_fallback = r.o_direct_fallback;
-        r = std::move(f);
-      }
+    if (!r.ok()) continue;
+    std::uint32_t crc = 0;
+    StepError e = copy_out_of_owned(io, worker, *batch.ops[i], owned.payload(i), batch.ready(),
+                                    r.crc_pending ? &crc : nullptr);
+    if (e) {
+      BlockResult f = failure(e.error, e.operation, std::string(), std::move(e.message));
+      f.o_direct_fallback = r.o_direct_fallback;
+      f.ring_retired_errno = r.ring_retired_errno;
+      r = std::move(f);
+    } else if (r.crc_pending && crc != r.expected_crc) {
+      // The bytes are in the caller's memory already: harmless, for the job is not reported
+      // yet and this block is reported failed, so the engine discards its slot.
+      mismatch[k] = any_mismatch = true;
     }
-    batch.results[i] = std::move(r);
   }
+  if (any_mismatch) {
+    // As the engine does with a checksum failure: the block fails with EBADMSG "verify" and
+    // its file goes. Removing it touches the file system, so the batch goes back under its
+    // deadline for that (its jobs are still unreported; only the worker writes the state
+    // while it has claimed the batch, and the watchdog skips claimed batches).
+    batch.enter_kernel();
+    for (std::size_t k = 0; k < n_run; ++k) {
+      if (!mismatch[k]) continue;
+      BlockResult& r = run_results[k];
+      const BlockOp& op = owned.op(run_index[k]);
+      BlockResult f;
+      try {
+        f = failure(EBADMSG, "verify", op.path, "payload checksum mismatch");
+        f.corrupt_removed = remove_corrupt_file(io, op, r.file_dev, r.file_ino);
+      } catch (const std::bad_alloc&) {
+        f = unallocated_failure(EBADMSG, "verify", "payload checksum mismatch");
+      }
+      f.o_direct_fallback = r.o_direct_fallback;
+      f.ring_retired_errno = r.ring_retired_errno;
+      r = std::move(f);
+    }
+    if (!batch.claim()) return false;
+  }
+  for (std::size_t k = 0; k < n_run; ++k) batch.results[run_index[k]] = std::move(run_results[k]);
   return true;
 }
 

@@ -7,10 +7,10 @@
 namespace kvtier::detail {
 
 void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
-                const BlockOp* const* ops, std::size_t n, cuda::Event ready,
-                BlockResult* results) noexcept {
+                const BlockOp* const* ops, std::size_t n, cuda::Event ready, BlockResult* results,
+                const CrcPlan* crc) noexcept {
   if (Ring* ring = worker.ring()) {
-    if (int e = run_ring_batch(ctx, worker, *ring, is_load, ops, n, ready, results)) {
+    if (int e = run_ring_batch(ctx, worker, *ring, is_load, ops, n, ready, results, crc)) {
       // io_uring_enter kept failing: this worker goes on with pread/pwrite. The batch's first
       // result carries it to the engine's counters (and from there to the one warning).
       worker.retire_ring();
@@ -19,8 +19,8 @@ void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
     return;
   }
   for (std::size_t i = 0; i < n; ++i)
-    results[i] = is_load ? load_block(ctx, worker, *ops[i], ready)
-                         : store_block(ctx, worker, *ops[i], ready);
+    results[i] = is_load ? load_block(ctx, worker, *ops[i], ready, crc ? &crc[i] : nullptr)
+                         : store_block(ctx, worker, *ops[i], ready, crc ? &crc[i] : nullptr);
 }
 
 }  // namespace kvtier::detail

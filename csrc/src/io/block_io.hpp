@@ -37,8 +37,28 @@ struct BlockResult {
   /// Nonzero on one result of the batch in which the worker gave its io_uring up: the errno
   /// io_uring_enter kept answering (the blocks themselves were all run; see run_ring_batch).
   int ring_retired_errno = 0;
+  /// A load run with CrcPlan::in_copy that verified all but its payload's CRC32C: the bytes
+  /// are in place, and whoever copies them out must check their CRC against `expected_crc`
+  /// before the block counts as loaded; a mismatch is the checksum failure the engine would
+  /// have reported (EBADMSG "verify"), and the file read (`file_dev`, `file_ino`) is removed
+  /// as a failed verification's is (remove_corrupt_file).
+  bool crc_pending = false;
+  std::uint32_t expected_crc = 0;
+  dev_t file_dev = 0;
+  ino_t file_ino = 0;
 
   bool ok() const noexcept { return error == 0; }
+};
+
+/// What a block operation's caller already does about the payload's CRC32C in its own copy
+/// steps (the owned-payload path, owned_payload.hpp, which copies every payload of a batch
+/// under a deadline once anyway), so the I/O engines skip their separate pass over it.
+/// Ignored with checksum "none".
+struct CrcPlan {
+  /// Store: `crc` is the payload's CRC32C, taken while the payload was copied in; the header
+  /// carries it. Load: the payload's CRC is left to the copy out (BlockResult::crc_pending).
+  bool in_copy = false;
+  std::uint32_t crc = 0;
 };
 
 /// Engine-wide, read-only state the block operations share.
@@ -62,10 +82,10 @@ inline constexpr std::size_t kMaxBatchBlocks = 8;
 /// Runs `n` (at most kMaxBatchBlocks) blocks of one job, all loads or all stores, and sets
 /// `results[i]` for `ops[i]`. With a ring the blocks' operations reach the kernel in one
 /// submission (io_uring_engine.cpp); without one they run one after another on the psync
-/// engine (psync_engine.cpp).
+/// engine (psync_engine.cpp). `crc` (may be null) holds a CrcPlan per op.
 /// Never throws.
 void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
-                const BlockOp* const* ops, std::size_t n, cuda::Event ready,
-                BlockResult* results) noexcept;
+                const BlockOp* const* ops, std::size_t n, cuda::Event ready, BlockResult* results,
+                const CrcPlan* crc = nullptr) noexcept;
 
 }  // namespace kvtier::detail

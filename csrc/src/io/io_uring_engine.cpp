@@ -102,6 +102,7 @@ enum class Disposition { kDone, kQueued, kPsync };
 struct Block {
   const BlockOp* op = nullptr;
   BlockResult* out = nullptr;
+  const CrcPlan* crc = nullptr;  // what the caller's copy steps do about the CRC (may be null)
   Disposition how = Disposition::kDone;
   BlockFile file;  // the block's directory, descriptor and (stores) tmp file
   // In place: the host memory the iovecs cover. Staged: the segments the lease is gathered
@@ -120,6 +121,8 @@ struct Block {
   std::size_t want = 0;       // bytes the read or write must move
   bool written_here = false;  // a store's write made by the worker (write_what_would_block)
   bool unsubmitted = false;   // the ring was given up before the kernel took all its entries
+  dev_t file_dev = 0;         // a load's file, as fstat saw it (BlockResult::crc_pending)
+  ino_t file_ino = 0;
   int res[kSteps] = {};
 };
 
@@ -199,16 +202,25 @@ void queue_data(const IoContext& ctx, Ring& ring, Block& b, unsigned index, bool
 }
 
 // Whether the header read into b.header belongs to the op and, where it carries a CRC32C,
-// the payload's bytes (`crc`, called only then) match it.
+// the payload's bytes (`crc`, called only then) match it. With `deferred` (may be null), the
+// payload's CRC is not taken: the header's is left in it for the caller's copy out to check.
 template <typename Crc>
-bool verifies(const IoContext& ctx, const Block& b, Crc&& crc) {
+bool verifies(const IoContext& ctx, const Block& b, Crc&& crc, BlockResult* deferred = nullptr) {
   const EngineSettings& config = *ctx.config;
   DecodedHeader decoded;
   if (!verify_header(b.header, b.op->key, config.fingerprint, b.op->payload_length(), decoded)
            .empty())
     return false;
-  return config.checksum != Checksum::kCrc32c || decoded.checksum_kind != kChecksumKindCrc32c ||
-         crc() == decoded.payload_crc;
+  if (config.checksum != Checksum::kCrc32c || decoded.checksum_kind != kChecksumKindCrc32c)
+    return true;
+  if (deferred != nullptr) {
+    deferred->crc_pending = true;
+    deferred->expected_crc = decoded.payload_crc;
+    deferred->file_dev = b.file_dev;
+    deferred->file_ino = b.file_ino;
+    return true;
+  }
+  return crc() == decoded.payload_crc;
 }
 
 // ---- store ----------------------------------------------------------------------------------
@@ -256,7 +268,9 @@ Disposition prepare_store(const IoContext& ctx, WorkerContext& worker, Ring& rin
       return Disposition::kDone;
     }
   } else {
-    const std::uint32_t crc = config.checksum == Checksum::kCrc32c ? payload_crc(*b.payload) : 0;
+    std::uint32_t crc = 0;
+    if (config.checksum == Checksum::kCrc32c)
+      crc = b.crc != nullptr && b.crc->in_copy ? b.crc->crc : payload_crc(*b.payload);
     encode_header(pages, op.key, config.fingerprint, op.payload_length(), config.checksum, crc);
     lay_out(b, pages, pages + kHeaderSize, /*is_load=*/false);
   }
@@ -298,7 +312,7 @@ void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
     if (written < 0 || static_cast<std::size_t>(written) < b.want) {
       // What pwritev_full would retry: start over on the psync path with a fresh tmp file.
       b.file.discard_tmp();
-      *b.out = store_block(ctx, worker, *b.op, ready);
+      *b.out = store_block(ctx, worker, *b.op, ready, b.crc);
       b.out->o_direct_fallback |= b.file.fell_back;
       return;
     }
@@ -310,7 +324,7 @@ void finish_store(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::E
   if (vanished) {
     // The tmp name went although the file stayed linked (see publish_tmp): the psync path
     // writes the block again under a new name.
-    *b.out = store_block(ctx, worker, *b.op, ready);
+    *b.out = store_block(ctx, worker, *b.op, ready, b.crc);
     b.out->o_direct_fallback |= b.file.fell_back;
   }
 }
@@ -338,6 +352,8 @@ Disposition prepare_load(const IoContext& ctx, Ring& ring, Block& b, unsigned in
     result = not_regular(op.path, st.st_mode);
     return Disposition::kDone;
   }
+  b.file_dev = st.st_dev;
+  b.file_ino = st.st_ino;
   if (!b.staged) lay_out(b, pages, pages + kHeaderSize, /*is_load=*/true);
   // A hard link: the close runs whatever the read did, so no descriptor outlives the batch.
   queue_data(ctx, ring, b, index, /*is_load=*/true, kRingClosesFiles ? IOSQE_IO_HARDLINK : 0);
@@ -378,6 +394,7 @@ void finish_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Ev
     return;
   }
   bool good = b.verified;
+  BlockResult verified;
   if (!b.staged && got >= 0 && static_cast<std::size_t>(got) == b.want) {
     if (b.tail > 0) {  // the partial last page, read through the tail page (see read_in_place)
       const Segment& last = *std::find_if(b.payload->rbegin(), b.payload->rend(),
@@ -385,16 +402,19 @@ void finish_load(const IoContext& ctx, WorkerContext& worker, Block& b, cuda::Ev
       std::memcpy(static_cast<unsigned char*>(last.address) + last.length - b.tail,
                   b.iov.back().iov_base, b.tail);
     }
-    good = verifies(ctx, b, [&] { return payload_crc(*b.payload); });
+    // The caller's copy out checks the payload's CRC (CrcPlan), else it is checked here.
+    const bool crc_in_copy = b.crc != nullptr && b.crc->in_copy;
+    good = verifies(ctx, b, [&] { return payload_crc(*b.payload); },
+                    crc_in_copy ? &verified : nullptr);
   }
   if (!good) {
     // A short read, EINTR/EAGAIN or a file that does not verify: the psync path reads it again
     // and decides (a truncated or corrupt file is then removed and reported as psync does).
-    *b.out = load_block(ctx, worker, op, ready);
+    *b.out = load_block(ctx, worker, op, ready, b.crc);
     b.out->o_direct_fallback |= b.file.fell_back;
     return;
   }
-  *b.out = BlockResult{};
+  *b.out = std::move(verified);
   b.out->bytes = op.payload_length();
   b.out->o_direct_fallback = b.file.fell_back;
 }
@@ -515,8 +535,8 @@ void settle(const IoContext& ctx, WorkerContext& worker, bool is_load, Block& b,
 void finish(const IoContext& ctx, WorkerContext& worker, bool is_load, Block& b,
             cuda::Event ready) noexcept {
   if (b.how == Disposition::kPsync) {
-    *b.out =
-        is_load ? load_block(ctx, worker, *b.op, ready) : store_block(ctx, worker, *b.op, ready);
+    *b.out = is_load ? load_block(ctx, worker, *b.op, ready, b.crc)
+                     : store_block(ctx, worker, *b.op, ready, b.crc);
     return;
   }
   if (b.how != Disposition::kQueued) return;
@@ -532,11 +552,12 @@ void finish(const IoContext& ctx, WorkerContext& worker, bool is_load, Block& b,
 
 int run_ring_batch(const IoContext& ctx, WorkerContext& worker, Ring& ring, bool is_load,
                    const BlockOp* const* ops, std::size_t n, cuda::Event ready,
-                   BlockResult* results) noexcept {
+                   BlockResult* results, const CrcPlan* crc) noexcept {
   Block blocks[kMaxBatchBlocks];
   for (unsigned i = 0; i < n; ++i) {
     blocks[i].op = ops[i];
     blocks[i].out = &results[i];
+    blocks[i].crc = crc != nullptr ? &crc[i] : nullptr;
     prepare(ctx, worker, ring, is_load, blocks[i], i, ready);
   }
   // Each entry completes exactly once (cancelled ones too): wait for all of them.

@@ -23,9 +23,9 @@ inline constexpr std::size_t kRingPagesPerBlock = kHeaderSize + kAlignment;
 /// the psync engine's decision, run there. Returns 0, or the errno for which the ring had to
 /// be given up (io_uring_enter kept failing): every result is set all the same (the blocks
 /// the kernel never took ran on the psync path), and the caller must not use the ring again.
-/// Never throws.
+/// `crc` (may be null): a CrcPlan per op, as run_blocks takes it. Never throws.
 int run_ring_batch(const IoContext& ctx, WorkerContext& worker, Ring& ring, bool is_load,
                    const BlockOp* const* ops, std::size_t n, cuda::Event ready,
-                   BlockResult* results) noexcept;
+                   BlockResult* results, const CrcPlan* crc = nullptr) noexcept;
 
 }  // namespace kvtier::detail

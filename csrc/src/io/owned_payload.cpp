@@ -23,7 +23,11 @@ void OwnedPayloads::unregister() noexcept {
 
 void OwnedPayloads::grow(const IoContext& ctx, std::size_t bytes) {
   if (arena_.size() >= bytes) return;
-  AlignedBuffer bigger(bytes);  // throws before anything changes
+  // Whole huge pages (see the class): never a 4 KiB-page tail behind the last 2 MiB, and a
+  // batch of small blocks shares huge pages too. At least 2 MiB per worker that ran a batch
+  // under a deadline, which the engine's staging buffers already cost per buffer.
+  const std::size_t huge = (bytes + kHugePageSize - 1) / kHugePageSize * kHugePageSize;
+  AlignedBuffer bigger(huge);  // throws before anything changes
   unregister();
   arena_ = std::move(bigger);
   // Pinned where the engine moves device memory; unpinned memory still works (the runtime
@@ -63,15 +67,38 @@ const std::vector<Segment>& caller_segments(const BlockOp& op, std::vector<Segme
   return scratch;
 }
 
-// One step, host (memcpy) or device (CUDA copies after `ready`, done when this returns).
+// Host memory, segment after segment, with the CRC32C of the bytes taken in the same pass.
+std::uint32_t copy_host_with_crc(const std::vector<Segment>& segments, unsigned char* owned,
+                                 bool into_owned) noexcept {
+  std::uint32_t crc = 0;
+  std::size_t at = 0;
+  for (const Segment& seg : segments) {
+    auto* mine = owned + at;
+    crc = into_owned ? crc32c_copy(crc, mine, seg.address, seg.length)
+                     : crc32c_copy(crc, seg.address, mine, seg.length);
+    at += seg.length;
+  }
+  return crc;
+}
+
+// One step, host (memcpy, or the fused copy and CRC when `crc` is wanted) or device (CUDA
+// copies after `ready`, done when this returns; the CRC is then taken from `owned`).
 StepError copy_between(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                       unsigned char* owned, bool into_owned, cuda::Event ready) noexcept {
+                       unsigned char* owned, bool into_owned, cuda::Event ready,
+                       std::uint32_t* crc) noexcept {
   try {
+    if (crc != nullptr) *crc = 0;  // the CRC32C of no bytes
     std::vector<Segment> scratch;
     const std::vector<Segment>& segments = caller_segments(op, scratch);
     const std::size_t n = op.payload_length();
     if (n == 0) return {};
-    return copy_staged(ctx.cuda, worker.stream, segments, owned, n, into_owned, ready);
+    if (crc != nullptr && payload_in_host_memory(op)) {
+      *crc = copy_host_with_crc(segments, owned, into_owned);
+      return {};
+    }
+    StepError e = copy_staged(ctx.cuda, worker.stream, segments, owned, n, into_owned, ready);
+    if (!e && crc != nullptr) *crc = crc32c(owned, n);
+    return e;
   } catch (const std::bad_alloc&) {
     return {ENOMEM, into_owned ? "copy_in" : "copy_out"};
   }
@@ -79,19 +106,26 @@ StepError copy_between(const IoContext& ctx, WorkerContext& worker, const BlockO
 
 }  // namespace
 
+bool payload_in_host_memory(const BlockOp& op) noexcept {
+  for (const Segment& seg : op.segments)
+    if (seg.kind != MemoryKind::kHost) return false;
+  return true;
+}
+
 StepError copy_into_owned(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                          unsigned char* owned, cuda::Event ready) noexcept {
-  StepError e = copy_between(ctx, worker, op, owned, /*into_owned=*/true, ready);
+                          unsigned char* owned, cuda::Event ready, std::uint32_t* crc) noexcept {
+  StepError e = copy_between(ctx, worker, op, owned, /*into_owned=*/true, ready, crc);
   const std::size_t n = op.payload_length();
   if (!e) std::memset(owned + n, 0, align_up(n) - n);  // the page's rest goes to the file
   return e;
 }
 
 StepError copy_out_of_owned(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                            const unsigned char* owned, cuda::Event ready) noexcept {
-  // copy_staged only reads the staging side when copying out of it.
+                            const unsigned char* owned, cuda::Event ready,
+                            std::uint32_t* crc) noexcept {
+  // Both copy paths only read the owned side when copying out of it.
   return copy_between(ctx, worker, op, const_cast<unsigned char*>(owned), /*into_owned=*/false,
-                      ready);
+                      ready, crc);
 }
 
 }  // namespace kvtier::detail

@@ -37,9 +37,11 @@ void encode(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, std:
 // header and the payload from the caller's memory in one vectored call; only a partial last
 // page is copied.
 StepError write_in_place(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
-                         const std::vector<Segment>& payload, bool direct) {
+                         const std::vector<Segment>& payload, bool direct, const CrcPlan* plan) {
   const bool want_crc = ctx.config->checksum == Checksum::kCrc32c;
-  encode(ctx, worker, op, op.payload_length(), want_crc ? payload_crc(payload) : 0);
+  std::uint32_t crc = 0;
+  if (want_crc) crc = plan != nullptr && plan->in_copy ? plan->crc : payload_crc(payload);
+  encode(ctx, worker, op, op.payload_length(), crc);
   std::size_t tail = 0;
   std::vector<iovec> iov =
       file_iov(worker.header.data(), worker.tail.data(), payload, direct, /*store=*/true, tail);
@@ -81,16 +83,18 @@ StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, co
 namespace {
 
 BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                             cuda::Event ready, bool retry_vanished = true) {
+                             cuda::Event ready, const CrcPlan* plan, bool retry_vanished = true) {
   BlockResult result;
   BlockFile file;
   if (!open_tmp(ctx, op, file, result)) return result;
   // From here on every failure removes the tmp file: nothing half-written is left behind.
   std::vector<Segment> scratch;
   const std::vector<Segment>* staged = staged_segments(op, file.direct, scratch);
+  // A payload gathered through a staging buffer takes its CRC there (the plan's, if any, is
+  // the same value).
   StepError written = staged ? write_segments(ctx, worker, file.fd.get(), op, *staged, ready)
                              : write_in_place(ctx, worker, file.fd.get(), op,
-                                              in_place_payload(op, scratch), file.direct);
+                                              in_place_payload(op, scratch), file.direct, plan);
   if (written) return file.fail_store(written.error, written.operation, std::move(written.message));
   if (ctx.config->durability != Durability::kNone && ::fdatasync(file.fd.get()) != 0)
     return file.fail_store(errno, "fdatasync");
@@ -99,7 +103,7 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const 
   // The tmp name went although the file was linked: write the block again under a new name,
   // once (see publish_tmp).
   if (vanished && retry_vanished)
-    return store_block_impl(ctx, worker, op, ready, /*retry_vanished=*/false);
+    return store_block_impl(ctx, worker, op, ready, plan, /*retry_vanished=*/false);
   return result;
 }
 
@@ -219,18 +223,18 @@ FileDescriptor open_for_load(const IoContext& ctx, const BlockOp& op, int flags,
 // Removes a block file that failed verification, so the next lookup is a clean miss. Only if
 // its name still leads to the file that was read: a writer may have put a good block there
 // since (the old code unlinked whatever the name held).
-bool remove_bad_file(const IoContext& ctx, const BlockOp& op, Location& loc,
-                     const struct stat& read) {
+bool remove_bad_file(const IoContext& ctx, const BlockOp& op, Location& loc, dev_t dev,
+                     ino_t ino) {
   BlockResult ignored;
   if (!loc.dir && !locate(ctx, op.path, /*create=*/false, loc, ignored)) return false;
   struct stat now;
   return ::fstatat(loc.dir.get(), loc.name.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 &&
-         now.st_dev == read.st_dev && now.st_ino == read.st_ino &&
+         now.st_dev == dev && now.st_ino == ino &&
          ::unlinkat(loc.dir.get(), loc.name.c_str(), 0) == 0;
 }
 
 BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                            cuda::Event ready) {
+                            cuda::Event ready, const CrcPlan* plan) {
   const EngineSettings& config = *ctx.config;
   BlockResult result;
   Location loc;
@@ -252,7 +256,7 @@ BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const B
   auto corrupt = [&](std::string why) {
     fd.reset();
     BlockResult r = failure(EBADMSG, "verify", op.path, std::move(why));
-    r.corrupt_removed = remove_bad_file(ctx, op, loc, st);
+    r.corrupt_removed = remove_bad_file(ctx, op, loc, st.st_dev, st.st_ino);
     r.o_direct_fallback = fell_back;
     return r;
   };
@@ -260,9 +264,13 @@ BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const B
   const bool want_crc = config.checksum == Checksum::kCrc32c;
   std::vector<Segment> scratch;
   const std::vector<Segment>* staged = staged_segments(op, direct, scratch);
+  // The caller checks the CRC of a payload read in place while copying it out (CrcPlan); a
+  // staged one is checked here before any byte leaves the staging buffer.
+  const bool crc_in_copy = want_crc && staged == nullptr && plan != nullptr && plan->in_copy;
   ReadOutcome read = staged ? read_segments(ctx, worker, fd.get(), op, *staged, want_crc, ready)
                             : read_in_place(ctx, worker, fd.get(), direct, op,
-                                            in_place_payload(op, scratch), want_crc);
+                                            in_place_payload(op, scratch),
+                                            want_crc && !crc_in_copy);
   if (read.error) {
     BlockResult r =
         failure(read.error.error, read.error.operation, op.path, std::move(read.error.message));
@@ -271,12 +279,18 @@ BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const B
   }
   if (read.short_read) return corrupt("file is truncated");
   if (!read.corrupt.empty()) return corrupt(std::move(read.corrupt));
-  if (want_crc && read.header.checksum_kind == kChecksumKindCrc32c &&
-      read.crc != read.header.payload_crc)
+  const bool has_crc = want_crc && read.header.checksum_kind == kChecksumKindCrc32c;
+  if (has_crc && !crc_in_copy && read.crc != read.header.payload_crc)
     return corrupt("payload checksum mismatch");
   BlockResult r;
   r.bytes = op.payload_length();
   r.o_direct_fallback = fell_back;
+  if (has_crc && crc_in_copy) {
+    r.crc_pending = true;
+    r.expected_crc = read.header.payload_crc;
+    r.file_dev = st.st_dev;
+    r.file_ino = st.st_ino;
+  }
   return r;
 }
 
@@ -301,13 +315,18 @@ BlockResult guarded(const BlockOp& op, const char* operation, Fn&& fn) noexcept 
 }  // namespace
 
 BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                        cuda::Event ready) noexcept {
-  return guarded(op, "store", [&] { return store_block_impl(ctx, worker, op, ready); });
+                        cuda::Event ready, const CrcPlan* crc) noexcept {
+  return guarded(op, "store", [&] { return store_block_impl(ctx, worker, op, ready, crc); });
 }
 
 BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                       cuda::Event ready) noexcept {
-  return guarded(op, "load", [&] { return load_block_impl(ctx, worker, op, ready); });
+                       cuda::Event ready, const CrcPlan* crc) noexcept {
+  return guarded(op, "load", [&] { return load_block_impl(ctx, worker, op, ready, crc); });
+}
+
+bool remove_corrupt_file(const IoContext& ctx, const BlockOp& op, dev_t dev, ino_t ino) {
+  Location loc;
+  return remove_bad_file(ctx, op, loc, dev, ino);
 }
 
 }  // namespace kvtier::detail
