@@ -7,7 +7,9 @@
 // call on a file whose path contains "/stall" first blocks in read(2) on a pipe until the test
 // releases it, then makes the real system call. The tests run on psync (the io_uring engine's
 // reads never pass through libc; tests/python/test_io_timeout.py stalls both engines over a
-// frozen FUSE mount). No timing is asserted: every wait is a hang guard.
+// frozen FUSE mount). unlinkat is defined the same way (armed on its own, for a name that
+// contains "stall"): the removal of a block that failed its checksum. No timing is asserted:
+// every wait is a hang guard.
 #include <fcntl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -32,6 +34,7 @@ namespace {
 // ---- the stall: a pipe the test writes to ------------------------------------------------
 
 std::atomic<bool> g_armed{false};
+std::atomic<bool> g_unlink_armed{false};  // stalls unlinkat instead (arm_unlink)
 std::atomic<int> g_pipe_read{-1};
 std::atomic<int> g_pipe_write{-1};
 std::atomic<int> g_entered{0};  // calls that stalled
@@ -68,10 +71,18 @@ void arm() {
   g_armed.store(true);
 }
 
+// Arms the stall for unlinkat only (preadv and pwritev pass).
+void arm_unlink() {
+  arm();
+  g_armed.store(false);
+  g_unlink_armed.store(true);
+}
+
 // Lets every stalled call (and any later one) through. The pipe stays open: a released call
 // may still be about to read it.
 void release() {
   g_armed.store(false);
+  g_unlink_armed.store(false);
   const char bytes[256] = {};
   if (::write(g_pipe_write.load(), bytes, sizeof bytes) < 0)
     throw std::runtime_error("release: write failed");
@@ -80,7 +91,7 @@ void release() {
 // Releases at scope exit, so a failing test never leaves a worker stuck for good.
 struct ReleaseAtExit {
   ~ReleaseAtExit() {
-    if (g_armed.load()) release();
+    if (g_armed.load() || g_unlink_armed.load()) release();
   }
 };
 
@@ -98,6 +109,20 @@ extern "C" ssize_t pwritev(int fd, const struct iovec* iov, int iovcnt, off_t of
   const ssize_t n = ::syscall(SYS_pwritev, fd, iov, iovcnt, static_cast<long>(offset), 0L);
   if (stalled) g_returned.fetch_add(1);
   return n;
+}
+
+extern "C" int unlinkat(int dirfd, const char* path, int flags) {
+  bool stalled = false;
+  if (g_unlink_armed.load() && std::strstr(path, "stall") != nullptr) {
+    stalled = true;
+    g_entered.fetch_add(1);
+    char c;
+    while (::read(g_pipe_read.load(), &c, 1) < 0 && errno == EINTR) {
+    }
+  }
+  const int r = static_cast<int>(::syscall(SYS_unlinkat, dirfd, path, flags));
+  if (stalled) g_returned.fetch_add(1);
+  return r;
 }
 
 namespace {
@@ -173,6 +198,45 @@ KV_TEST(a_stuck_load_fails_with_etimedout_and_its_memory_is_never_written) {
     CHECK_MSG(ok.success, describe(ok));
     CHECK(again == bytes);
   }
+}
+
+// A load whose payload CRC fails in the copy out of the worker's buffer removes its file
+// under the batch's deadline (worker.cpp, run_owned): with that removal stuck in the kernel,
+// the job is still reported at once, with ETIMEDOUT, and the abandoned worker removes the
+// file when the kernel returns.
+KV_TEST(a_checksum_failure_whose_removal_is_stuck_is_reported_by_the_deadline) {
+  TempDir dir;
+  const std::string path = dir / "stall_crc";
+  const std::vector<unsigned char> bytes = kvtest::pattern(kBlock, 5);
+  kvtier::Engine engine(timeout_config(dir, 1, 1));
+  // After the engine: a failed check releases the stall before the engine shuts down (a
+  // worker stuck outside its deadline would hold the shutdown).
+  ReleaseAtExit guard;
+  put_block(engine, 1, path, bytes);
+  {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    CHECK(fd >= 0);
+    unsigned char b = 0;
+    CHECK_EQ(::syscall(SYS_pread64, fd, &b, 1, 4096L + 100), 1L);
+    b ^= 0x04;
+    CHECK_EQ(::syscall(SYS_pwrite64, fd, &b, 1, 4096L + 100), 1L);
+    ::close(fd);
+  }
+  arm_unlink();
+  std::vector<unsigned char> target(kBlock, kCanary);
+  const kvtier::Completion c = kvtest::load(engine, 2, path, "k", target.data(), target.size());
+  check_timed_out(c, path);
+  CHECK_EQ(g_entered.load(), 1);   // it was the removal that stuck
+  CHECK_EQ(g_returned.load(), 0);  // and it had not returned when the job was reported
+  CHECK(kvtest::file_exists(path));
+  CHECK_EQ(engine.stats().io_timeouts, std::uint64_t{1});
+  release();
+  kvtest::wait_until([&] { return engine.stats().workers_stuck == 0; },
+                     "the abandoned worker returned");
+  CHECK_EQ(g_returned.load(), 1);
+  CHECK(!kvtest::file_exists(path));  // the abandoned worker finished the removal
+  const kvtier::Completion gone = kvtest::load(engine, 3, path, "k", target.data(), target.size());
+  CHECK_EQ(gone.error.errno_value, ENOENT);
 }
 
 KV_TEST(a_replacement_worker_runs_the_next_jobs) {
@@ -279,8 +343,10 @@ KV_TEST(a_stuck_store_never_reads_the_callers_memory_after_its_report) {
   TempDir dir;
   const std::string path = dir / "stall_s";
   const std::vector<unsigned char> bytes = kvtest::pattern(kBlock, 5);
-  ReleaseAtExit guard;
   kvtier::Engine engine(timeout_config(dir, 1, 1));
+  // After the engine: a failed check releases the stall before the engine shuts down (a
+  // worker stuck outside its deadline would hold the shutdown).
+  ReleaseAtExit guard;
   auto source = std::make_unique<kvtest::Memory>(kBlock, 0);
   source->fill(bytes);
   arm();

@@ -449,3 +449,38 @@ def test_close_failures_of_the_ledger_are_counted_never_raised(stallfs: StallFS)
     assert "Input/output error" in warnings[0] and ".lock" in warnings[0]
     assert not [r for r in records if "bookkeeping" in r.getMessage()]
     assert not [r for r in records if "closing the capacity budget failed" in r.getMessage()]
+
+
+def test_gpu_storage_transfer_shutdown_returns_with_its_capacity_thread_stuck(
+    stallfs: StallFS,
+) -> None:
+    """GPUStorageTransfer's teardown is bounded like the fs tier's: with the mount frozen
+    under its capacity thread and a store in the kernel, shutdown() returns, its job is
+    reported, the stuck thread is left alive (not waited for), and it ends on its own after
+    the thaw, releasing its writer lock."""
+    torch = pytest.importorskip("torch")
+    from kvtier.gpu import GPUStorageTransfer
+
+    root = stallfs.mountpoint / "root"
+    kv = [torch.zeros((8, ROW), dtype=torch.uint8)]
+    before = set(_alive("kvtier-capacity"))
+    transfer = GPUStorageTransfer(
+        kv, SPEC, str(root), 0, n_read_threads=1, n_write_threads=1, io_timeout_s=TIMEOUT
+    )
+    capacity = [t for t in _alive("kvtier-capacity") if t not in before]
+    assert len(capacity) == 1
+    stallfs.freeze("all")
+    transfer.store(1, [0], [_key(1)])
+    _wait_for("the capacity thread stuck", lambda: _in_kernel(capacity[0]))
+    _guarded(transfer.shutdown, "shutdown with the capacity thread stuck")
+    assert capacity[0].is_alive()  # not waited for
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + WAIT_SECONDS
+    while 1 not in results:
+        results.update({r.job_id: r for r in transfer.get_finished()})
+        assert time.monotonic() < deadline, "the store was never reported"
+        time.sleep(0.005)
+    assert not results[1].success
+    stallfs.thaw()
+    _wait_for("the capacity thread exited", lambda: not capacity[0].is_alive())
+    assert _writer_locks_free(stallfs.backing / "root")

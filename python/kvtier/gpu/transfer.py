@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any, cast
@@ -27,6 +28,7 @@ from kvtier.tiering.fs.capacity.controller import Deferred
 from kvtier.tiering.fs.engine import EngineIoReport, open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper
 from kvtier.tiering.fs.health import RootHealth, join_root_for
+from kvtier.tiering.fs.manager import SHUTDOWN_GRACE_S
 from kvtier.tiering.fs.oserror import naming
 from kvtier.tiering.spec import OffloadingSpec
 from kvtier.tiering.validation import check_block_ids, check_job_id, check_keys
@@ -107,7 +109,9 @@ class GPUStorageTransfer(EngineIoReport):
         )
         self._refused: list[JobResult] = []
         # Stop the capacity thread even if the transfer is dropped without shutdown().
-        self._finalizer = weakref.finalize(self, _close, self._capacity, self._owner_pid)
+        self._finalizer = weakref.finalize(
+            self, _close, self._capacity, self._owner_pid, opts.io_timeout_s
+        )
         # The root's health, shared with the fs tiers of this process on it (fs/health.py):
         # while it is degraded, stores and loads fail at once.
         self._health: RootHealth
@@ -330,7 +334,8 @@ class GPUStorageTransfer(EngineIoReport):
         """Running block operations finish, queued ones fail (ECANCELED); idempotent."""
         if inherited(self._owner_pid):
             return  # a forked child's copy: nothing of it runs here (see kvtier._fork)
-        self._engine.shutdown()
+        self._capacity.stop()  # winds down while the engine stops
+        self._engine.shutdown()  # within about io_timeout_s, whatever the kernel holds
         self._finalizer()
         self._health_finalizer()
 
@@ -346,12 +351,14 @@ class GPUStorageTransfer(EngineIoReport):
         return int(self._engine.numa_node)
 
 
-def _close(capacity: CapacityController, owner_pid: int) -> None:
+def _close(capacity: CapacityController, owner_pid: int, io_timeout_s: float) -> None:
     # In a forked child (at its exit) the capacity thread and the budget lease are the parent's.
     if inherited(owner_pid):
         return
     try:
-        capacity.close()
+        # With a deadline, teardown is bounded as the fs tier's is (a capacity thread stuck
+        # in the kernel is left to return on its own); without, the fixed wait of close().
+        capacity.close(time.monotonic() + SHUTDOWN_GRACE_S if io_timeout_s > 0 else None)
     except OSError as e:  # shutdown never raises for the storage's sake (str(e): see fs)
         logger.warning(
             "closing the capacity budget failed: %s (the transfer is shut down all the same)",

@@ -56,6 +56,7 @@ from kvtier.tiering.fs.capacity import CapacityController
 from kvtier.tiering.fs.engine import open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper, host_label
 from kvtier.tiering.fs.health import RootHealth, join_root_for
+from kvtier.tiering.fs.manager import SHUTDOWN_GRACE_S
 from kvtier.tiering.fs.options import FsTierOptions, OptionParser
 from kvtier.tiering.fs.sweep import sweep_dead_tmp_files
 from kvtier.tiering.spec import OffloadingSpec
@@ -629,10 +630,15 @@ class KvtierHiCacheStorage(HiCacheStorage):
         """Stop the engine (running block operations finish) and the capacity thread (its
         budget lease is handed back); idempotent."""
         self._closed = True
-        if self._engine is not None:
-            self._engine.shutdown()
         if self._capacity is not None:
-            self._capacity.close()
+            self._capacity.stop()  # winds down while the engine stops
+        if self._engine is not None:
+            self._engine.shutdown()  # within about io_timeout_s, whatever the kernel holds
+        if self._capacity is not None:
+            # Bounded like the fs tier's teardown: a capacity thread stuck in the kernel is
+            # left to return on its own (without a deadline, close()'s fixed wait).
+            timeout = self.options.io_timeout_s
+            self._capacity.close(time.monotonic() + SHUTDOWN_GRACE_S if timeout > 0 else None)
         if self._health is not None:
             self._leave_health()
 
