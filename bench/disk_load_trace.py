@@ -52,10 +52,10 @@ from pathlib import Path
 
 from kvtier.bench.config import format_size, parse_size
 from kvtier.bench.errors import BenchError
+from kvtier.bench.primary import PRIMARY_LAYOUTS, PrimaryMemory
 from kvtier.bench.workload import (
     JobIds,
     KvtierDriver,
-    PrimaryMemory,
     TierDriver,
     block_keys,
     make_jobs,
@@ -371,41 +371,6 @@ def stat_delta(before: list[int], after: list[int], seconds: float) -> dict:
     }
 
 
-# ---- primary memory -----------------------------------------------------------------------
-
-
-def place_primary(primary: PrimaryMemory, how: str) -> None:
-    """Decide the physical layout of the primary rows before anything touches them.
-
-    The device sees a read's memory as one segment per physically contiguous run, and on a
-    virtio disk without indirect descriptors (max_segments = queue size - 2) the segments of
-    the requests in flight share the queue's descriptors: how contiguous the engine's memory
-    is decides how many bytes can be in flight. ``plain`` leaves it to the kernel (fresh
-    anonymous memory is often contiguous for a while, less so on a busy host, so results
-    change from one process to the next), ``scattered`` faults the pages in a random order
-    (every 4 KiB page its own segment: a long-running engine's memory, pinned memory),
-    ``thp`` asks for transparent huge pages (MADV_HUGEPAGE: 2 MiB segments).
-    """
-    if how == "plain":
-        return
-    import ctypes
-    import mmap as mmap_module
-    import random
-
-    address = ctypes.addressof(ctypes.c_char.from_buffer(primary._map))
-    length = len(primary._map)
-    libc = ctypes.CDLL(None, use_errno=True)
-    advice = mmap_module.MADV_HUGEPAGE if how == "thp" else mmap_module.MADV_NOHUGEPAGE
-    if libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), advice) != 0:
-        raise BenchError(f"madvise failed: {os.strerror(ctypes.get_errno())}")
-    if how == "scattered":
-        pages = list(range(0, length, 4096))
-        random.Random(0).shuffle(pages)
-        flat = primary.array.reshape(-1)
-        for offset in pages:
-            flat[offset] = 1
-
-
 # ---- the runs ------------------------------------------------------------------------------
 
 
@@ -568,9 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tier", action="append", dest="tiers")
     p.add_argument(
         "--primary",
-        choices=("plain", "scattered", "thp"),
+        choices=PRIMARY_LAYOUTS,
         default="plain",
-        help="physical layout of the primary memory (see place_primary)",
+        help="physical layout of the primary memory (kvtier.bench.primary)",
     )
     p.add_argument("--trace", action="store_true")
     p.add_argument("--trace-raw", type=Path, help="also write each load's raw trace here")
@@ -595,14 +560,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.strace:
         args.strace.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="kvtier-disk-load-", dir=args.root))
-    primary = PrimaryMemory(args.blocks, size)
-    place_primary(primary, args.primary)
+    primary = PrimaryMemory(args.blocks, size, args.primary)
     primary.fill(1)
     runs: dict[str, list[dict]] = {s.label: [] for s in specs}
     print(
         f"{args.blocks} x {format_size(size)} blocks, {args.blocks_per_job} per job, "
         f"{args.threads} read + {args.threads} write threads, disk {disk}, root {args.root}, "
-        f"primary memory {args.primary}"
+        f"primary memory {args.primary} ({primary.huge_page_bytes} bytes of "
+        f"{primary.length} in huge pages)"
     )
     try:
         for rep in range(args.repeat):

@@ -149,6 +149,7 @@ def _gc(args: argparse.Namespace) -> int:
 
 def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from kvtier.bench.config import DEFAULT_REPEAT
+    from kvtier.bench.primary import DEFAULT_PRIMARY_LAYOUT, PRIMARY_LAYOUTS
     from kvtier.tiering.fs.capacity.sizes import SIZE_UNITS_HELP
 
     bench = sub.add_parser(
@@ -266,6 +267,15 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default="crc32c",
         help="the fs tier's checksum (default: crc32c; the CPU target is set for none)",
     )
+    bench.add_argument(
+        "--primary",
+        choices=list(PRIMARY_LAYOUTS),
+        default=DEFAULT_PRIMARY_LAYOUT,
+        help="physical layout of the primary memory the tiers store from and load into: "
+        "scattered (4 KiB pages faulted in a random order, as a long-running engine's), thp "
+        "(transparent huge pages), plain (left to the kernel; varies from run to run); "
+        f"default: {DEFAULT_PRIMARY_LAYOUT}. On a virtio disk it decides load throughput",
+    )
     bench.add_argument("--no-fio", action="store_true", help="skip the fio ceilings")
     bench.add_argument("--ceilings", type=_ceilings, default=None, help=_ceilings_help())
     bench.add_argument(
@@ -357,6 +367,7 @@ def _bench(args: argparse.Namespace) -> int:
         compare_io_engines=args.compare_io_engines,
         checksum=args.checksum,
         io_timeout_s=args.io_timeout_s,
+        primary=args.primary,
         run_fio=not args.no_fio,
         ceilings=args.ceilings,
         json_path=args.json,

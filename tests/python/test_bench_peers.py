@@ -16,9 +16,16 @@ import pytest
 from kvtier.bench.ceiling import (
     BASIC_CEILINGS,
     CEILINGS,
+    HUGE_LOAD_CEILINGS,
     LOAD_CEILINGS,
+    HugePages,
+    fio_command,
+    hugetlb_pages_needed,
+    hugetlb_refusal,
     load_ceiling,
     parse_ceilings,
+    parse_huge_pages,
+    read_huge_pages,
 )
 from kvtier.bench.errors import BenchError
 from kvtier.bench.report import render
@@ -49,11 +56,15 @@ def test_ceilings_presets() -> None:
     assert parse_ceilings("basic") == BASIC_CEILINGS
     loads = parse_ceilings("loads")
     assert loads[0].key == "fio" and loads[1:] == LOAD_CEILINGS  # psync always runs, first
-    # Both asynchronous engines, three depths, the block size and the block size + header.
-    assert {(c.ioengine, c.iodepth, c.header) for c in LOAD_CEILINGS} == {
-        (e, d, h) for e in ("libaio", "io_uring") for d in (4, 16, 32) for h in (0, 4096)
-    }
+    # Both asynchronous engines, three depths, the block size and the block size + header;
+    # then psync into huge pages, of both request sizes.
+    assert {(c.ioengine, c.iodepth, c.header, c.hugetlb) for c in LOAD_CEILINGS} == {
+        (e, d, h, False) for e in ("libaio", "io_uring") for d in (4, 16, 32) for h in (0, 4096)
+    } | {("psync", 1, 0, True), ("psync", 1, 4096, True)}
     assert all(c.load for c in LOAD_CEILINGS) and not any(c.load for c in BASIC_CEILINGS)
+    huge = parse_ceilings("huge")
+    assert huge[0].key == "fio" and huge[1:] == HUGE_LOAD_CEILINGS
+    assert all(c.hugetlb for c in HUGE_LOAD_CEILINGS)
 
 
 def test_ceilings_specs_in_order_without_duplicates() -> None:
@@ -68,6 +79,11 @@ def test_ceilings_specs_in_order_without_duplicates() -> None:
     assert chosen[1] == load_ceiling("io_uring", 64, 4096)
     assert chosen[1].label == "fio load io_uring qd64 bs+4K"
     assert parse_ceilings("psync")[1].iodepth == 1  # a psync load line (reads only)
+    huge = parse_ceilings("psync:+4k:hugetlb,libaio:qd4:huge")[1:]
+    keys = ["fio_load_psync_qd1_plus4k_hugetlb", "fio_load_libaio_qd4_hugetlb"]
+    assert [c.key for c in huge] == keys
+    assert huge[0].label == "fio load psync qd1 bs+4K hugetlb" and all(c.hugetlb for c in huge)
+    assert not parse_ceilings("psync:+4k")[1].hugetlb  # a different line, not a duplicate
 
 
 @pytest.mark.parametrize(
@@ -78,6 +94,7 @@ def test_ceilings_specs_in_order_without_duplicates() -> None:
         ("libaio:qd0", "unknown option 'qd0'"),
         ("libaio:deep", "unknown option 'deep'"),
         ("psync:qd8", "psync has one request in flight"),
+        ("psync:thp", r"or hugetlb \(buffers in huge pages\)"),
     ],
 )
 def test_bad_ceilings_say_what_is_expected(text: str, fragment: str) -> None:
@@ -211,4 +228,90 @@ def test_load_ceilings_read_the_layout_in_their_request_size(tmp_path: Path) -> 
         assert fio["size_per_job"] // request * request == fio["size_per_job"]
         assert fio["size_per_job"] >= entry["fio_load_layout"]["size_per_job"] - request
     assert "(best load)" in proc.stdout
+    assert list(root.iterdir()) == []
+
+
+# -- the huge-page load ceilings: the pool, the skip, the command ------------------------------
+
+MEMINFO = """MemTotal:       32000000 kB
+HugePages_Total:      10
+HugePages_Free:        6
+HugePages_Rsvd:        2
+HugePages_Surp:        3
+Hugepagesize:       2048 kB
+Hugetlb:           20480 kB
+"""
+
+
+def test_huge_page_pool_is_parsed_from_meminfo_and_the_overcommit_limit() -> None:
+    pool = parse_huge_pages(MEMINFO, "5\n")
+    # 6 free less 2 reserved by others; 5 may be added on demand, 3 already are.
+    assert pool == HugePages(size=2 << 20, free=4, surplus_left=2)
+    assert pool.available == 6
+    assert parse_huge_pages(MEMINFO, "") == HugePages(size=2 << 20, free=4, surplus_left=0)
+    assert parse_huge_pages("MemTotal: 1 kB\n", "0") is None  # no hugetlb in this kernel
+    real = read_huge_pages()  # this kernel's own files parse (Linux with hugetlb)
+    if Path("/proc/meminfo").read_text().find("Hugepagesize") >= 0:
+        assert real is not None and real.size > 0 and real.available >= 0
+
+
+def test_pages_needed_round_each_jobs_buffers_up_to_whole_pages() -> None:
+    page = 2 << 20
+    assert hugetlb_pages_needed(2 << 20, 1, 32, page) == 32
+    assert hugetlb_pages_needed((2 << 20) + 4096, 1, 32, page) == 64  # 2 MiB + header: 2 each
+    assert hugetlb_pages_needed(256 << 10, 1, 8, page) == 8
+    assert hugetlb_pages_needed((256 << 10) + 4096, 16, 8, page) == 24  # 4.06 MiB: 3 each
+
+
+def test_hugetlb_refusal_says_what_is_missing_and_how_to_get_it() -> None:
+    pool = HugePages(size=2 << 20, free=4, surplus_left=2)
+    assert hugetlb_refusal(pool, 6) == ""
+    reason = hugetlb_refusal(pool, 7)
+    assert "needs 7 free huge pages of 2 MiB" in reason and "4 free and may add 2" in reason
+    assert "sysctl vm.nr_overcommit_hugepages=7" in reason
+    assert "no hugetlb" in hugetlb_refusal(None, 1)
+
+
+def test_hugetlb_command_maps_anonymous_huge_pages() -> None:
+    cmd = fio_command(
+        Path("/x"), rw="read", block_size=4096, numjobs=2, size=8192, direct=True,
+        hugepage_size=2 << 20,
+    )  # fmt: skip
+    assert "--iomem=mmaphuge" in cmd and f"--hugepage-size={2 << 20}" in cmd
+    assert not any(a.startswith("--mmap") or a.startswith("--iomem=mmaphuge:") for a in cmd)
+    plain = fio_command(Path("/x"), rw="read", block_size=4096, numjobs=2, size=8192, direct=True)
+    assert not any(a.startswith("--iomem") for a in plain)
+
+
+def test_hugetlb_load_ceiling_runs_or_is_skipped_with_the_pool_it_lacked(tmp_path: Path) -> None:
+    """On this kernel, as it is: fio reads into huge pages where the pool has enough of them,
+    else the line is skipped with the reason (and the other ceilings still run)."""
+    if shutil.which("fio") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("fio is not installed (.ci/run installs it)")
+        pytest.skip("fio is not installed")
+    root, out = tmp_path / "root", tmp_path / "out.json"
+    root.mkdir()
+    before = read_huge_pages()
+    ceilings = "basic,psync:+4k:hugetlb"
+    proc = _bench("--root", root, *TINY, "--quiet", "--ceilings", ceilings, "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(out.read_text())
+    key = "fio_load_psync_qd1_plus4k_hugetlb"
+    entry = results["sizes"][0]
+    skipped = results["fio"]["skipped_ceilings"]
+    needed = hugetlb_pages_needed((256 << 10) + 4096, 1, 4, before.size if before else 1)
+    if before is None or before.available < needed:
+        assert key in skipped, results["fio"]
+        assert "huge pages" in skipped[key] or "hugetlb" in skipped[key]
+        assert f"fio load psync qd1 bs+4K hugetlb: skipped ({skipped[key]})" in proc.stdout
+        assert "fio_loads" not in entry
+    elif key not in skipped:  # granted: the pool may also fail fio (fragmentation), then said
+        fio = entry["fio_loads"][key]
+        assert fio["hugetlb"] is True and fio["request_bytes"] == (256 << 10) + 4096
+        assert "--iomem=mmaphuge" in fio["read_command"] and fio["read_gbps"] > 0
+        assert "bs+4K hugetlb" in proc.stdout
+    else:
+        assert "fio failed" in skipped[key]
+    assert entry["fio"]["read_gbps"] > 0  # the psync ceiling ran either way
     assert list(root.iterdir()) == []

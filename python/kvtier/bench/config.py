@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvtier.bench.errors import BenchError
+from kvtier.bench.primary import DEFAULT_PRIMARY_LAYOUT
 from kvtier.tiering.fs.capacity import sizes
 
 KiB = 1 << 10
@@ -92,6 +93,8 @@ class BenchConfig:
     checksum: str = "crc32c"
     #: The fs tier's io_timeout_s (`--io-timeout-s`); None: the tier's default.
     io_timeout_s: float | None = None
+    #: The physical layout of the primary memory (`--primary`, kvtier.bench.primary).
+    primary: str = DEFAULT_PRIMARY_LAYOUT
     run_fio: bool = True
     #: The fio ceilings (kvtier.bench.ceiling.Ceiling, --ceilings); None: the default set.
     ceilings: tuple | None = None

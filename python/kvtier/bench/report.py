@@ -7,9 +7,10 @@ import math
 import textwrap
 from pathlib import Path
 
-from kvtier.bench.ceiling import BASIC_CEILINGS
+from kvtier.bench.ceiling import BASIC_CEILINGS, CEILINGS
 from kvtier.bench.config import NOISY_RATIO, format_size
 from kvtier.bench.machine import describe_short
+from kvtier.bench.primary import PRIMARY_LAYOUT_TEXT
 
 
 def _f(value: float | None, fmt: str = "{:.2f}") -> str:
@@ -62,6 +63,24 @@ def _io_engine_text(results: dict) -> str | None:
         parts.append(ran)
     prefix = "side by side: " if results["config"].get("compare_io_engines") else ""
     return prefix + "; ".join(parts)
+
+
+def _primary_text(results: dict) -> str | None:
+    """The primary memory's layout (`--primary`) and, per block size, the share the kernel
+    backed with huge pages; None for results saved before the option existed."""
+    layout = results["config"].get("primary")
+    if layout is None:
+        return None
+    text = f"{layout}, {PRIMARY_LAYOUT_TEXT.get(layout, '?')}"
+    shares = []
+    for entry in results.get("sizes", []):
+        placed = entry.get("primary") or {}
+        huge, length = placed.get("huge_page_bytes"), placed.get("bytes")
+        if huge is not None and length:
+            shares.append(f"{entry['label']} {huge / length:.0%}")
+    if shares:
+        text += f"; in huge pages: {', '.join(shares)}"
+    return text
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -131,6 +150,9 @@ def render(results: dict) -> str:
         f"threads"
     )
     out.append(f"  figures:  {cfg['statistic']}")
+    primary = _primary_text(results)
+    if primary:
+        out.append(f"  primary memory: {primary}")
     out.append(f"  loads bypass the page cache with: {bypass or '-'}")
     engines = _io_engine_text(results)
     if engines:
@@ -294,7 +316,8 @@ def _load_label(entry: dict, fio: dict) -> str:
     """``fio load io_uring qd16 bs+4K``: a load ceiling of one size's results."""
     extra = fio.get("request_bytes", entry["block_size"]) - entry["block_size"]
     text = f"fio load {fio.get('ioengine', '?')} qd{fio.get('iodepth', '?')}"
-    return text + (f" bs+{extra // 1024}K" if extra > 0 else "")
+    text += f" bs+{extra // 1024}K" if extra > 0 else ""
+    return text + (" hugetlb" if fio.get("hugetlb") else "")
 
 
 def _best_load(entry: dict) -> tuple[str, dict] | None:
@@ -362,7 +385,7 @@ def _ceiling_lines(results: dict) -> list[str]:
                 )
         out.extend(_load_ceiling_lines(entry))
     for key, reason in results.get("fio", {}).get("skipped_ceilings", {}).items():
-        label = next((c.label for c in BASIC_CEILINGS if c.key == key), key)
+        label = next((c.label for c in CEILINGS if c.key == key), key)
         out.append(f"  {label}: skipped ({reason})")
     return out
 

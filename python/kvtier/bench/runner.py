@@ -30,6 +30,7 @@ from kvtier.bench.errors import BenchError
 from kvtier.bench.interference import measure_interference
 from kvtier.bench.latency import hot_set_size, measure_latency
 from kvtier.bench.machine import describe_machine
+from kvtier.bench.primary import check_layout
 from kvtier.bench.progress import Progress, Step
 from kvtier.bench.scratch import check_root, make_scratch
 from kvtier.bench.throughput import measure_throughput
@@ -213,6 +214,7 @@ class _Phase:
 def run_bench(config: BenchConfig, *, stream=None) -> dict:
     """Run every phase and return the results (see docs/PERFORMANCE.md for their meaning)."""
     stream = stream if stream is not None else sys.stderr
+    check_layout(config.primary)  # before a scratch directory is made
     shown = config.root if config.root is not None else Path(".")
     root = check_root(shown, create=config.create_root)
     scratch = make_scratch(root, shown)
@@ -536,7 +538,8 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
 
     for block_size in config.block_sizes:
         n = per_run // block_size
-        primary = PrimaryMemory(n, block_size)
+        primary = PrimaryMemory(n, block_size, config.primary)
+        placed = primary.describe()
         label = format_size(block_size)
         try:
             primary.fill(seed=block_size)
@@ -615,6 +618,7 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
             "blocks": n,
             "bytes": n * block_size * config.repeat,
             "bytes_per_run": n * block_size,
+            "primary": placed,
             "tiers": {},
         }
         for name, phases in per_tier.items():
@@ -643,8 +647,8 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
                 summary = summarize_runs(runs, ("read_gbps", "read_cpu_s_per_gib"))
                 for key in ("read_command", "numjobs", "size_per_job", "direct", "ioengine"):
                     summary[key] = runs[0][key]
-                for key in ("iodepth", "request_bytes"):
-                    summary[key] = runs[0][key]
+                for key in ("iodepth", "request_bytes", "hugetlb"):
+                    summary[key] = runs[0].get(key)
                 loads[ceiling_key] = summary
                 continue
             fio = summarize_runs(
@@ -692,6 +696,7 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
             "compare_io_engines": config.compare_io_engines,
             "checksum": config.checksum,
             "io_timeout_s": config.io_timeout_s,
+            "primary": config.primary,
             "statistic": (
                 f"median of {config.repeat} runs, spread = [min, max], noisy when max/min > "
                 f"{NOISY_RATIO}"

@@ -1,4 +1,5 @@
-"""The shared workload: primary memory, block keys, jobs, and the kvtier `fs` tier driver.
+"""The shared workload: primary memory (kvtier.bench.primary), block keys, jobs, and the
+kvtier `fs` tier driver.
 
 A *driver* adapts one secondary-tier implementation (kvtier's `fs` tier, or vLLM's in
 `kvtier.bench.peer_vllm`) to the few calls the measurements make, so every measurement runs
@@ -7,7 +8,6 @@ the same code against each tier.
 
 from __future__ import annotations
 
-import mmap
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -22,6 +22,9 @@ import numpy as np
 import numpy.random  # noqa: F401
 
 from kvtier.bench.errors import BenchError
+
+# Re-exported: every measurement takes its rows from here (the layouts: kvtier.bench.primary).
+from kvtier.bench.primary import PrimaryMemory
 from kvtier.tiering.base import JobMetadata, OffloadKey, ReqContext
 from kvtier.tiering.factory import SecondaryTierFactory
 from kvtier.tiering.fs.manager import FileSystemTierManager
@@ -67,45 +70,6 @@ class TierDriver(Protocol):
 
 #: Creates a driver for a tier rooted at the given directory over the given primary memory.
 DriverFactory = Callable[[Path, "PrimaryMemory"], TierDriver]
-
-
-class PrimaryMemory:
-    """Page-aligned anonymous memory shaped as ``n_blocks`` rows of ``block_size`` bytes.
-
-    This stands in for an engine's CPU primary tier: the secondary tier gets a C-contiguous
-    memoryview whose ``strides[0]`` is the row size, exactly as engines hand it over.
-    """
-
-    def __init__(self, n_blocks: int, block_size: int):
-        self.n_blocks = n_blocks
-        self.block_size = block_size
-        self._map = mmap.mmap(-1, n_blocks * block_size)
-        self.view = memoryview(self._map).cast("B", (n_blocks, block_size))
-        self.array = np.frombuffer(self._map, dtype=np.uint8).reshape(n_blocks, block_size)
-
-    def fill(self, seed: int) -> None:
-        """Random bytes, different in every row (a repeated random pattern, stamped per row)."""
-        rng = np.random.default_rng(seed)
-        pattern = rng.integers(0, 256, size=min(self.array.size, 8 << 20), dtype=np.uint8)
-        flat = self.array.reshape(-1)
-        for start in range(0, flat.size, pattern.size):
-            chunk = flat[start : start + pattern.size]
-            chunk[:] = pattern[: chunk.size]
-        stamps = rng.integers(0, 2**63, size=self.n_blocks, dtype=np.int64)
-        self.array[:, :8] = stamps.view(np.uint8).reshape(self.n_blocks, 8)
-
-    def close(self) -> None:
-        """Unmap now if nothing else still points into the memory; else leave it to the GC.
-
-        After an error or Ctrl-C, traceback frames may still hold views of rows (numpy slices,
-        the tier's view); refusing to unmap then must not replace the original exception.
-        """
-        del self.array
-        try:
-            self.view.release()
-            self._map.close()
-        except BufferError:
-            pass
 
 
 def block_keys(prefix: bytes, start: int, count: int, group_idx: int = 0) -> list[OffloadKey]:
