@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hang_guard import guarded
 from kvtier import _core
 from kvtier.errors import ConfigurationError
 from kvtier.gpu.options import GPUTransferOptions
@@ -104,26 +105,6 @@ def _wait_for(what: str, condition: Callable[[], bool], timeout: float = WAIT_SE
         time.sleep(0.01)
 
 
-def _guarded(fn: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS) -> Any:
-    """Runs ``fn`` on a thread and fails (instead of hanging the run) if it does not return."""
-    box: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            box.append(fn())
-        except BaseException as e:  # handed to the test's thread
-            errors.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), f"{what} blocked"
-    if errors:
-        raise errors[0]
-    return box[0] if box else None
-
-
 def _store_one(tier: FileSystemTierManager, ids: Ids, key: bytes, row: int) -> JobResult:
     job_id = ids()
     tier.submit_store(_job(job_id, [key], [row]))
@@ -151,7 +132,7 @@ def tiers() -> Iterator[list[FileSystemTierManager]]:
     made: list[FileSystemTierManager] = []
     yield made
     for tier in made:  # before the mounts go (the stallfs fixture tears down after this)
-        _guarded(tier.shutdown, "shutdown at teardown")
+        guarded(tier.shutdown, "shutdown at teardown")
 
 
 # ---- the option --------------------------------------------------------------------------
@@ -285,11 +266,11 @@ def test_a_probe_stuck_in_the_kernel_is_abandoned_and_not_repeated(
     assert stallfs.status()["blocked"] == 1
     assert tier.stats()["health_probes"] == probes
     # Meanwhile the caller's calls return at once: nothing of theirs touches the mount.
-    assert _guarded(lambda: tier.lookup(_key(1), CTX), "lookup") is False
+    assert guarded(lambda: tier.lookup(_key(1), CTX), "lookup") is False
     job_id = ids()
-    _guarded(lambda: tier.submit_store(_job(job_id, [_key(5)], [1])), "submit_store")
-    assert not _guarded(tier.get_finished, "get_finished")[0].success
-    assert _guarded(tier.stats, "stats")["health"] == "degraded"
+    guarded(lambda: tier.submit_store(_job(job_id, [_key(5)], [1])), "submit_store")
+    assert not guarded(tier.get_finished, "get_finished")[0].success
+    assert guarded(tier.stats, "stats")["health"] == "degraded"
     stallfs.thaw()
     _wait_for("the root recovered", lambda: tier.stats()["health"] == "healthy", 90.0)
     assert tier.stats()["health_probe_stuck"] == 0
@@ -338,7 +319,7 @@ def test_many_threads_while_degraded(
     assert set(answers) == {False}
     # Every job reported once, failed at once (not queued: the store queue holds 4 and is
     # never full, since nothing degraded is queued).
-    results = _guarded(lambda: _collect(tier, set(submitted)), "collecting")
+    results = guarded(lambda: _collect(tier, set(submitted)), "collecting")
     assert len(results) == 400
     assert all(not r.success and "is degraded" in (r.error or "") for r in results.values())
     assert tier.stats()["dropped_store_jobs"] == 0
@@ -394,7 +375,7 @@ def test_frozen_mount_times_out_degrades_and_recovers(
     # the loop goes on (a blocked call would fail the guard, not hang the run).
     first = ids()
     tier.submit_store(_job(first, [_key(2)], [2]))
-    results, _, _ = _guarded(
+    results, _, _ = guarded(
         lambda: _engine_loop(tier, ids, lambda got: first in got), "the engine loop"
     )
     timed_out = results[first]
@@ -408,7 +389,7 @@ def test_frozen_mount_times_out_degrades_and_recovers(
 
     # Degraded: the loop keeps running, every job it submits now fails at once.
     before = set(results)
-    results, submitted, steps = _guarded(
+    results, submitted, steps = guarded(
         lambda: _engine_loop(tier, ids, lambda got: len(got) >= 6), "the degraded loop"
     )
     assert steps >= 6
@@ -440,13 +421,13 @@ def test_drain_shutdown_and_gc_return_with_the_mount_frozen(
         tier.submit_store(_job(job_id, [_key(2)], [2]))
         stallfs.wait_blocked(1)
         if how == "shutdown":
-            _guarded(tier.drain_jobs, "drain_jobs with the mount frozen")
-            _guarded(tier.shutdown, "shutdown with the mount frozen")
+            guarded(tier.drain_jobs, "drain_jobs with the mount frozen")
+            guarded(tier.shutdown, "shutdown with the mount frozen")
             assert job_id in {r.job_id for r in tier.get_finished()}
         else:
             refs = [tier]
             del tier
-            _guarded(lambda: (refs.clear(), gc.collect()), "collecting a tier, mount frozen")  # noqa: B023
+            guarded(lambda: (refs.clear(), gc.collect()), "collecting a tier, mount frozen")  # noqa: B023
         stallfs.thaw()
 
 
@@ -492,15 +473,15 @@ def test_interpreter_exit_returns_with_the_mount_frozen(stallfs: StallFS, tmp_pa
     )
     try:
         assert child.stdout is not None and child.stdin is not None
-        assert _guarded(child.stdout.readline, "the child starting") == "ready\n"
+        assert guarded(child.stdout.readline, "the child starting") == "ready\n"
         stallfs.freeze("data")
         child.stdin.write("\n")
         child.stdin.flush()
-        assert _guarded(child.stdout.readline, "the child submitting") == "submitted\n"
+        assert guarded(child.stdout.readline, "the child submitting") == "submitted\n"
         stallfs.wait_blocked(1)
         child.stdin.write("\n")
         child.stdin.flush()
-        line = _guarded(child.stdout.readline, "interpreter exit with the mount frozen")
+        line = guarded(child.stdout.readline, "interpreter exit with the mount frozen")
         assert line == "exit-done\n", child.stderr.read() if child.poll() is not None else line
     finally:
         stallfs.thaw()
@@ -555,4 +536,4 @@ def test_gpu_storage_transfer_shares_the_roots_health(
         stallfs.fail(0)
         _wait_for("the root recovered", lambda: tier.stats()["health"] == "healthy")
     finally:
-        _guarded(xfer.shutdown, "the transfer's shutdown")
+        guarded(xfer.shutdown, "the transfer's shutdown")

@@ -16,7 +16,6 @@ import errno
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hang_guard import guarded
 from kvtier import _core
 from kvtier.tiering.base import JobMetadata, JobResult, ReqContext, make_offload_key
 from kvtier.tiering.fs.manager import FileSystemTierManager
@@ -121,25 +121,6 @@ def _tier(root: Path, **options: Any) -> FileSystemTierManager:
     return FileSystemTierManager(SPEC, memoryview(buf), "fs", **opts)
 
 
-def _guarded(fn: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS) -> Any:
-    box: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            box.append(fn())
-        except BaseException as e:  # handed to the test's thread
-            errors.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), f"{what} blocked"
-    if errors:
-        raise errors[0]
-    return box[0] if box else None
-
-
 def _wait_for(what: str, condition: Callable[[], bool], timeout: float = WAIT_SECONDS) -> float:
     """Waits for ``condition``; returns the seconds it took (for the printed figures)."""
     start = time.monotonic()
@@ -194,14 +175,14 @@ def test_a_stopped_brick_times_out_degrades_and_recovers(volume: Path) -> None:
         assert tier.health == "degraded" and reader.health == "degraded"
 
         # Degraded: lookups absent (the reader's too, without a check), new work failed at once.
-        assert _guarded(lambda: tier.lookup(_key(1), CTX), "lookup") is False
-        assert _guarded(lambda: reader.lookup(_key(2), CTX), "lookup") is False
+        assert guarded(lambda: tier.lookup(_key(1), CTX), "lookup", WAIT_SECONDS) is False
+        assert guarded(lambda: reader.lookup(_key(2), CTX), "lookup", WAIT_SECONDS) is False
         tier.submit_store(_job(4, [_key(5)], [5]))
         fast = _collect(tier, {4})[4][0]
         assert not fast.success and "is degraded" in (fast.error or "")
 
         began = time.monotonic()
-        _guarded(closing.shutdown, "shutdown with the brick stopped")
+        guarded(closing.shutdown, "shutdown with the brick stopped", WAIT_SECONDS)
         figures["shutdown with the brick stopped"] = f"{time.monotonic() - began:.2f} s"
 
         # GlusterFS's own client timeout: the operations abandoned in the kernel come back.
@@ -228,5 +209,5 @@ def test_a_stopped_brick_times_out_degrades_and_recovers(volume: Path) -> None:
     finally:
         _continue_bricks()
         for t in (tier, reader, closing):
-            _guarded(t.shutdown, "shutdown")
+            guarded(t.shutdown, "shutdown", WAIT_SECONDS)
     print("\nGlusterFS brick SIGSTOP figures:", figures)

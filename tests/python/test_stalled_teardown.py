@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hang_guard import guarded
 from kvtier import _core
 from kvtier.tiering.base import JobMetadata, JobResult, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity.sizes import block_file_bytes
@@ -66,26 +67,6 @@ def _tier(root: Path, **options: Any) -> FileSystemTierManager:
         **options,
     }
     return FileSystemTierManager(SPEC, memoryview(buf), "fs", **opts)
-
-
-def _guarded(fn: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS) -> Any:
-    """Runs ``fn`` on a thread and fails (instead of hanging the run) if it does not return."""
-    box: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            box.append(fn())
-        except BaseException as e:  # handed to the test's thread
-            errors.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), f"{what} blocked"
-    if errors:
-        raise errors[0]
-    return box[0] if box else None
 
 
 def _wait_for(what: str, condition: Callable[[], bool], timeout: float = WAIT_SECONDS) -> None:
@@ -146,7 +127,7 @@ def test_shutdown_returns_with_engine_resolver_and_capacity_thread_stuck(
     own work on its own (the writer lock is released, nothing was freed under it)."""
     root = stallfs.mountpoint / "root"
     tier = _tier(root, async_lookup=True, io_engine=io_engine)
-    assert _guarded(tier.drain_jobs, "drain_jobs") is None
+    assert guarded(tier.drain_jobs, "drain_jobs") is None
     resolver = _alive("kvtier-lookup")
     capacity = _alive("kvtier-capacity")
     assert len(resolver) == 1 and len(capacity) == 1
@@ -160,7 +141,7 @@ def test_shutdown_returns_with_engine_resolver_and_capacity_thread_stuck(
     # within a second; a store's poke may wake it sooner).
     _wait_for("the resolver stuck", lambda: _in_kernel(resolver[0]))
     _wait_for("the capacity thread stuck", lambda: _in_kernel(capacity[0]))
-    _guarded(tier.shutdown, "shutdown with every thread stuck")
+    guarded(tier.shutdown, "shutdown with every thread stuck")
     assert resolver[0].is_alive() and capacity[0].is_alive()  # not waited for
     results = _collect(tier, set(jobs))
     assert all(not r.success for r in results.values())
@@ -188,7 +169,7 @@ def test_drain_returns_with_engine_resolver_and_capacity_thread_stuck(stallfs: S
         _wait_for("the capacity thread stuck", lambda: _in_kernel(capacity[0]))
         tier.submit_store(_job(1, [_key(1)], [1]))
         tier.submit_store(_job(2, [_key(2)], [2]))
-        _guarded(tier.drain_jobs, "drain_jobs with every thread stuck")
+        guarded(tier.drain_jobs, "drain_jobs with every thread stuck")
         results = {r.job_id: r for r in tier.get_finished()}  # drained: ready at once
         assert set(results) == {1, 2}
         for r in results.values():
@@ -196,7 +177,7 @@ def test_drain_returns_with_engine_resolver_and_capacity_thread_stuck(stallfs: S
         assert resolver[0].is_alive() and capacity[0].is_alive()
         assert tier.lookup(_key(100), CTX) is False  # degraded by the stores' timeouts
     finally:
-        _guarded(tier.shutdown, "shutdown")
+        guarded(tier.shutdown, "shutdown")
         stallfs.thaw()
     _wait_for("the capacity thread exited", lambda: not capacity[0].is_alive())
 
@@ -221,13 +202,13 @@ def test_drain_answers_stores_waiting_for_budget_when_the_capacity_thread_is_stu
     tier.submit_store(_job(waiting, [_key(k) for k in range(10, 50)], list(range(10, 50))))
     load = 3
     tier.submit_load(_job(load, [present], [2]))  # its timeout degrades the root
-    _guarded(tier.drain_jobs, "drain_jobs with the capacity thread stuck")
+    guarded(tier.drain_jobs, "drain_jobs with the capacity thread stuck")
     results = _collect(tier, {waiting, load})
     assert f"errno {errno.ETIMEDOUT}" in (results[load].error or "")
     assert not results[waiting].success
     assert "is degraded" in (results[waiting].error or ""), results[waiting].error
     assert capacity[0].is_alive()  # still stuck: drain did not wait for it
-    _guarded(tier.shutdown, "shutdown")
+    guarded(tier.shutdown, "shutdown")
     stallfs.thaw()
     _wait_for("the capacity thread exited", lambda: not capacity[0].is_alive())
 
@@ -317,18 +298,18 @@ def test_interpreter_exit_returns_with_an_eviction_stuck_in_the_kernel(
     )
     try:
         assert child.stdout is not None and child.stdin is not None
-        line = _guarded(child.stdout.readline, "the child filling its budget")
+        line = guarded(child.stdout.readline, "the child filling its budget")
         assert line == "ready\n", child.stderr.read() if child.poll() is not None else line
         # Only unlinks of block files freeze: the stores' writes and the scan go on.
         stallfs.match(".kvb")
         stallfs.freeze("meta")
         child.stdin.write("\n")
         child.stdin.flush()
-        line = _guarded(child.stdout.readline, "the child's unlink stuck")
+        line = guarded(child.stdout.readline, "the child's unlink stuck")
         assert line == "submitted\n", child.stderr.read() if child.poll() is not None else line
         child.stdin.write("\n")
         child.stdin.flush()
-        line = _guarded(child.stdout.readline, "interpreter exit with an unlink stuck")
+        line = guarded(child.stdout.readline, "interpreter exit with an unlink stuck")
         assert line == "exit-done\n", child.stderr.read() if child.poll() is not None else line
     finally:
         stallfs.thaw()
@@ -357,14 +338,14 @@ def test_synchronous_lookup_on_a_frozen_mount_answers_absent_by_the_deadline(
         assert reader.lookup(_key(3), CTX) is False  # checked, absent
         stallfs.match(".kvb")  # only lookups of the block files freeze
         stallfs.freeze("meta")
-        assert _guarded(lambda: reader.lookup(keys[0], CTX), "lookup, mount frozen") is False
+        assert guarded(lambda: reader.lookup(keys[0], CTX), "lookup, mount frozen") is False
         stats = reader.stats()
         assert stats["lookup_timeouts"] == 1
         assert stats["health"] == "degraded"
         checker = _alive("kvtier-lookup-check")
         assert len(checker) == 1 and _in_kernel(checker[0])  # abandoned there, not waited for
         # Degraded: answered at once; no new check is started beside the stuck one.
-        assert _guarded(lambda: reader.lookup(keys[1], CTX), "lookup, degraded") is False
+        assert guarded(lambda: reader.lookup(keys[1], CTX), "lookup, degraded") is False
         assert reader.stats()["degraded_lookups"] == 1
         assert stallfs.status()["blocked"] == 1
         stallfs.thaw()
@@ -373,8 +354,8 @@ def test_synchronous_lookup_on_a_frozen_mount_answers_absent_by_the_deadline(
         assert reader.lookup(keys[0], CTX) is True
         assert reader.lookup(keys[1], CTX) is True
     finally:
-        _guarded(writer.shutdown, "shutdown")
-        _guarded(reader.shutdown, "shutdown")
+        guarded(writer.shutdown, "shutdown")
+        guarded(reader.shutdown, "shutdown")
 
 
 def test_asynchronous_lookup_on_a_frozen_mount_stops_answering_unknown(
@@ -396,7 +377,7 @@ def test_asynchronous_lookup_on_a_frozen_mount_stops_answering_unknown(
         stallfs.wait_blocked(1)
 
         def answered() -> bool:
-            return _guarded(lambda: reader.lookup(key, CTX), "lookup") is False
+            return guarded(lambda: reader.lookup(key, CTX), "lookup") is False
 
         _wait_for("a lookup answered absent", answered)
         stats = reader.stats()
@@ -405,8 +386,8 @@ def test_asynchronous_lookup_on_a_frozen_mount_stops_answering_unknown(
         _wait_for("the root recovered", lambda: reader.health == "healthy")
         _wait_for("the key resolved", lambda: reader.lookup(key, CTX) is True)
     finally:
-        _guarded(writer.shutdown, "shutdown")
-        _guarded(reader.shutdown, "shutdown")
+        guarded(writer.shutdown, "shutdown")
+        guarded(reader.shutdown, "shutdown")
 
 
 def test_close_failures_of_the_ledger_are_counted_never_raised(stallfs: StallFS) -> None:
@@ -438,7 +419,7 @@ def test_close_failures_of_the_ledger_are_counted_never_raised(stallfs: StallFS)
         results = {r.job_id for r in tier.get_finished()}
         assert results == set(range(1, 11))
         before = tier.stats()["ledger_close_failures"]
-        _guarded(tier.shutdown, "shutdown with close(2) failing")
+        guarded(tier.shutdown, "shutdown with close(2) failing")
         assert tier.stats()["ledger_close_failures"] > before  # the writer lock's close
     finally:
         logging.getLogger("kvtier").removeHandler(handler)
@@ -472,7 +453,7 @@ def test_gpu_storage_transfer_shutdown_returns_with_its_capacity_thread_stuck(
     stallfs.freeze("all")
     transfer.store(1, [0], [_key(1)])
     _wait_for("the capacity thread stuck", lambda: _in_kernel(capacity[0]))
-    _guarded(transfer.shutdown, "shutdown with the capacity thread stuck")
+    guarded(transfer.shutdown, "shutdown with the capacity thread stuck")
     assert capacity[0].is_alive()  # not waited for
     results: dict[int, Any] = {}
     deadline = time.monotonic() + WAIT_SECONDS
