@@ -122,6 +122,18 @@ inline off_t file_size(const std::string& path) {
   return st.st_size;
 }
 
+/// Flips the bits `mask` of the byte at `offset` of `path` in place: a block file damaged on
+/// disk, as a bad sector or a stray write would leave it.
+inline void flip_byte(const std::string& path, off_t offset, unsigned char mask = 0x01) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) FAIL("open " + path);
+  unsigned char b = 0;
+  if (::pread(fd, &b, 1, offset) != 1) FAIL("pread " + path);
+  b ^= mask;
+  if (::pwrite(fd, &b, 1, offset) != 1) FAIL("pwrite " + path);
+  ::close(fd);
+}
+
 /// How a gated load fails once released: the gate file holds no valid header.
 constexpr int kGateErrno = EBADMSG;
 

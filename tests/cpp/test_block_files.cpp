@@ -25,6 +25,7 @@ namespace {
 
 using kvtest::block;
 using kvtest::describe;
+using kvtest::flip_byte;
 using kvtest::Memory;
 using kvtest::TempDir;
 using kvtier::Completion;
@@ -81,16 +82,6 @@ void overwrite(const std::string& path, off_t offset, const void* bytes, std::si
   const ssize_t w = ::pwrite(fd, bytes, n, offset);
   ::close(fd);
   if (w != static_cast<ssize_t>(n)) FAIL("pwrite " + path);
-}
-
-void flip_byte(const std::string& path, off_t offset) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) FAIL("open " + path);
-  unsigned char b = 0;
-  if (::pread(fd, &b, 1, offset) != 1) FAIL("pread " + path);
-  b ^= 0x20;
-  if (::pwrite(fd, &b, 1, offset) != 1) FAIL("pwrite " + path);
-  ::close(fd);
 }
 
 // Stores a fresh block, applies `damage` to its file, loads it and checks that the load
@@ -298,7 +289,7 @@ KV_TEST(host_segments_round_trip_and_match_contiguous_files) {
       CHECK(kvtest::load(engine, ++job, seg_path, "seg", flat.data(), total).success);
       CHECK(flat.equals(bytes));
       // Damage is caught on the segment path too.
-      flip_byte(seg_path, static_cast<off_t>(4096 + total - 1));
+      flip_byte(seg_path, static_cast<off_t>(4096 + total - 1), 0x20);
       c = kvtest::run_job(engine, ++job, Direction::kLoad,
                           {seg_block(seg_path, make_segments(false))});
       CHECK(!c.success);
@@ -411,7 +402,7 @@ KV_TEST(payload_checksum_mismatch_fails_and_removes_the_file) {
   for (ODirectMode mode : {ODirectMode::kOff, ODirectMode::kAuto}) {
     for (off_t at : {off_t{4096}, off_t{4096 + 4321}, off_t{4096 + 9999}}) {
       expect_corrupt_load(mode, "flipped payload byte " + std::to_string(at),
-                          [at](const std::string& path) { flip_byte(path, at); });
+                          [at](const std::string& path) { flip_byte(path, at, 0x20); });
     }
   }
 }
@@ -419,7 +410,7 @@ KV_TEST(payload_checksum_mismatch_fails_and_removes_the_file) {
 KV_TEST(header_damage_fails_and_removes_the_file) {
   for (off_t at : {off_t{0}, off_t{8}, off_t{12}, off_t{16}, off_t{72}, off_t{3000}}) {
     expect_corrupt_load(ODirectMode::kAuto, "flipped header byte " + std::to_string(at),
-                        [at](const std::string& path) { flip_byte(path, at); });
+                        [at](const std::string& path) { flip_byte(path, at, 0x20); });
   }
   expect_corrupt_load(ODirectMode::kOff, "zeroed header", [](const std::string& path) {
     std::vector<unsigned char> zeros(4096, 0);

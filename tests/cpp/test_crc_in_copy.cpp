@@ -26,6 +26,7 @@
 namespace {
 
 using kvtest::describe;
+using kvtest::flip_byte;
 using kvtest::Memory;
 using kvtest::TempDir;
 using kvtier::BlockOp;
@@ -48,16 +49,6 @@ std::uint32_t u32_at(const std::vector<unsigned char>& b, std::size_t at) {
   return static_cast<std::uint32_t>(b.at(at)) | static_cast<std::uint32_t>(b.at(at + 1)) << 8 |
          static_cast<std::uint32_t>(b.at(at + 2)) << 16 |
          static_cast<std::uint32_t>(b.at(at + 3)) << 24;
-}
-
-void flip_byte(const std::string& path, off_t offset) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) FAIL("open " + path);
-  unsigned char b = 0;
-  if (::pread(fd, &b, 1, offset) != 1) FAIL("pread " + path);
-  b ^= 0x01;
-  if (::pwrite(fd, &b, 1, offset) != 1) FAIL("pwrite " + path);
-  ::close(fd);
 }
 
 EngineConfig config_for(const TempDir& dir, ODirectMode mode, double io_timeout_s,
