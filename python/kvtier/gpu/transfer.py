@@ -113,10 +113,11 @@ class GPUStorageTransfer(EngineIoReport):
             self, _close, self._capacity, self._owner_pid, opts.io_timeout_s
         )
         # The root's health, shared with the fs tiers of this process on it (fs/health.py):
-        # while it is degraded, stores and loads fail at once.
+        # while it is degraded, stores and loads fail at once, and when it degrades the engine
+        # fails what it has not started.
         self._health: RootHealth
         self._health, self._health_finalizer = join_root_for(
-            self, self._capacity, opts.io_timeout_s
+            self, self._capacity, opts.io_timeout_s, self._engine, self.file_mapper.rank_dir
         )
         self._epochs: dict[JobId, int] = {}  # health epoch at submission, by job
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}

@@ -319,8 +319,11 @@ class KvtierHiCacheStorage(HiCacheStorage):
         weakref.finalize(self, capacity.close)
         self._capacity = capacity
         # The root's health, shared with kvtier's other users of the root in this process
-        # (fs/health.py): while it is degraded, exists() misses and get/set fail at once.
-        self._health, self._leave_health = join_root_for(self, capacity, self.options.io_timeout_s)
+        # (fs/health.py): while it is degraded, exists() misses and get/set fail at once, and
+        # when it degrades the engine fails what it has not started.
+        self._health, self._leave_health = join_root_for(
+            self, capacity, self.options.io_timeout_s, engine, mapper.rank_dir
+        )
         self.file_mapper, self._pool_layout = mapper, pool_layout
         self._waiter = _JobWaiter(engine)
         self._engine = engine
