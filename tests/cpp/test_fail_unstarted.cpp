@@ -22,6 +22,10 @@ using kvtier::Engine;
 constexpr std::size_t kBlock = 16 * 1024;
 constexpr kvtier::JobId kGateJob = 999;
 
+void check_errnos(const Completion& c, const std::vector<int>& expected) {
+  CHECK_MSG(c.block_errnos == expected, kvtest::describe(c));
+}
+
 std::map<kvtier::JobId, Completion> by_id(std::vector<Completion> completions) {
   std::map<kvtier::JobId, Completion> out;
   for (Completion& c : completions) {
@@ -43,7 +47,8 @@ KV_TEST(fails_queued_and_parked_blocks_beneath_the_directory_only) {
   auto source = const_cast<unsigned char*>(payload.data());
   // "ab" shares the prefix "a" but does not lie beneath dir/a.
   engine.submit(1, Direction::kStore,
-                {block(dir / "a/1", "a1", source, kBlock), block(dir / "ab/1", "ab1", source, kBlock),
+                {block(dir / "a/1", "a1", source, kBlock),
+                 block(dir / "ab/1", "ab1", source, kBlock),
                  block(dir / "a/2", "a2", source, kBlock)});
   engine.submit(2, Direction::kStore, {block(dir / "a/3", "a3", source, kBlock)});
   // Both blocks of job 3 park behind job 1's stores (read-after-write); job 4 runs at once
@@ -67,16 +72,16 @@ KV_TEST(fails_queued_and_parked_blocks_beneath_the_directory_only) {
   CHECK_EQ(out[0].job_id, kvtier::JobId{2});
   CHECK(!out[0].success);
   CHECK_EQ(out[0].error.errno_value, ETIMEDOUT);
-  CHECK_MSG(out[0].block_errnos == std::vector<int>{ETIMEDOUT}, kvtest::describe(out[0]));
+  check_errnos(out[0], std::vector<int>{ETIMEDOUT});
   CHECK_MSG(out[0].error.message.find("degraded") != std::string::npos, out[0].error.message);
   CHECK_EQ(engine.stats().queued_stores, std::uint64_t{1});  // ab/1 still waits its turn
 
   // The rest runs as usual once the worker is free: ab/1 is stored, then loaded.
   gate.release();
   const auto done = by_id(kvtest::drain_and_pop(engine, 3));
-  CHECK_MSG(done.at(1).block_errnos == (std::vector<int>{ETIMEDOUT, 0, ETIMEDOUT}), kvtest::describe(done.at(1)));
+  check_errnos(done.at(1), std::vector<int>{ETIMEDOUT, 0, ETIMEDOUT});
   CHECK_EQ(done.at(1).error.errno_value, ETIMEDOUT);
-  CHECK_MSG(done.at(3).block_errnos == (std::vector<int>{ETIMEDOUT, 0}), kvtest::describe(done.at(3)));
+  check_errnos(done.at(3), std::vector<int>{ETIMEDOUT, 0});
   CHECK(parked_ab.equals(payload));
   // The failed blocks never ran: no file written, the failed load's memory untouched.
   CHECK(!kvtest::file_exists(dir / "a/1"));
@@ -104,14 +109,16 @@ KV_TEST(queued_loads_and_the_rest_of_a_mixed_job) {
   kvtest::Memory m1(kBlock, 0), m2(kBlock, 0), m3(kBlock, 0), m4(kBlock, 0);
   // Job 2: beneath a, b, a, b: the worker takes b/1 and b/1 again, skipping the failed ones.
   engine.submit(2, Direction::kLoad,
-                {block(dir / "a/1", "a1", m1.data(), kBlock), block(dir / "b/1", "b1", m2.data(), kBlock),
-                 block(dir / "a/2", "a2", m3.data(), kBlock), block(dir / "b/1", "b1", m4.data(), kBlock)});
+                {block(dir / "a/1", "a1", m1.data(), kBlock),
+                 block(dir / "b/1", "b1", m2.data(), kBlock),
+                 block(dir / "a/2", "a2", m3.data(), kBlock),
+                 block(dir / "b/1", "b1", m4.data(), kBlock)});
   CHECK_EQ(engine.fail_unstarted(dir / "a"), std::size_t{2});
   CHECK_EQ(engine.stats().queued_loads, std::uint64_t{2});
   gate.release();
   auto done = by_id(kvtest::drain_and_pop(engine, 2));
-  CHECK_MSG(done.at(kGateJob).block_errnos == std::vector<int>{kvtest::kGateErrno}, kvtest::describe(done.at(kGateJob)));
-  CHECK_MSG(done.at(2).block_errnos == (std::vector<int>{ETIMEDOUT, 0, ETIMEDOUT, 0}), kvtest::describe(done.at(2)));
+  check_errnos(done.at(kGateJob), std::vector<int>{kvtest::kGateErrno});
+  check_errnos(done.at(2), std::vector<int>{ETIMEDOUT, 0, ETIMEDOUT, 0});
   CHECK(m2.equals(payload));
   CHECK(m4.equals(payload));
   const std::vector<unsigned char> untouched(kBlock, 0xEE);

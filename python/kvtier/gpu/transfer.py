@@ -277,6 +277,10 @@ class GPUStorageTransfer(EngineIoReport):
                     "GPUStorageTransfer is shut down; store/load refused (create a new one)"
                 ) from e
             raise
+        if self._health.degraded:
+            # Degraded since the job was let through: the engine failed what it had not
+            # started before this job got there (RootHealth.report_timeout); fail it too.
+            self._engine.fail_unstarted(self.file_mapper.rank_dir)
 
     @owner_process_only
     def get_finished(self) -> list[JobResult]:

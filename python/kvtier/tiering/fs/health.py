@@ -90,7 +90,9 @@ class RootHealth:
             if fail_unstarted is not None:
                 self._on_degraded.append(fail_unstarted)
 
-    def leave(self, io_timeout_s: float, fail_unstarted: Callable[[], object] | None = None) -> None:
+    def leave(
+        self, io_timeout_s: float, fail_unstarted: Callable[[], object] | None = None
+    ) -> None:
         with self._cond:
             self._members -= 1
             if io_timeout_s > 0:
