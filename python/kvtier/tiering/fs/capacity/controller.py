@@ -747,6 +747,8 @@ class CapacityController:
 
     def _evicted(self, paths: list[str], nbytes: int) -> None:
         self._state = self.ledger.subtract(nbytes)
+        if self._state.orphans:
+            self._recount = True  # the count read may miss what they added (reap_dead)
         with self._lock:
             self.evicted_blocks += len(paths)
             self.evicted_bytes += nbytes
