@@ -493,15 +493,17 @@ class UsageLedger:
                     if not try_ofd_lock(fd):
                         continue  # alive
                 reaped.append(wid)
-                rec, exact = self._final_record(wid, state.writers[wid])
+            if not reaped:
+                return state, uncertain
+            listed = self._listing()  # taken after their locks: their last records
+            for wid in reaped:
+                rec, exact = self._final_record(wid, state.writers[wid], listed)
                 # Its stores in flight, and those it admitted from its reservation, may have
                 # created their files: count them.
                 files += max(0, rec.added - folded.get(wid, 0)) + rec.writing + rec.reserved
                 uncertain = uncertain or not exact or rec.writing > 0 or rec.reserved > 0
                 folded[wid] = max(rec.added, folded.get(wid, 0))
                 writers.pop(wid)
-            if not reaped:
-                return state, uncertain
             if state.base_valid:
                 self.publish(Base(files, base.complete, folded))
             for wid in reaped:
@@ -519,20 +521,27 @@ class UsageLedger:
             self.publish(new)  # their entries go once their records are gone
         return LedgerState(new, state.base_valid, writers), uncertain
 
-    def _final_record(self, wid: str, seen: WriterRecord) -> tuple[WriterRecord, bool]:
-        """A dead writer's record, read after its lock was taken (so nothing can replace it
-        any more) and checked to be the file its directory lists now (not one a client
-        cache still resolves the name to), and whether it was read so: if not, ``seen``
-        (read earlier) stands, and may be older than its last one."""
-        directory = writers_dir(self.root)
-        name = wid + RECORD_SUFFIX
-        path = os.path.join(directory, name)
+    def _listing(self) -> dict[str, int]:
+        """The inode of every name in ``writers/`` now ({} if it cannot be listed)."""
         try:
-            with os.scandir(directory) as it:  # a fresh listing, the name's file now
-                listed = next((e.inode() for e in it if e.name == name), None)
-            if listed is None:
-                raise FileNotFoundError(errno.ENOENT, "no longer listed", path)
-            return WriterRecord.decode(read_bounded(path, _MAX_WRITER_BYTES, listed)), True
+            with os.scandir(writers_dir(self.root)) as it:
+                return {e.name: e.inode() for e in it}
+        except OSError:
+            return {}
+
+    def _final_record(
+        self, wid: str, seen: WriterRecord, listed: dict[str, int]
+    ) -> tuple[WriterRecord, bool]:
+        """A dead writer's record, read after its lock was taken (so nothing can replace it
+        any more) and checked to be the file ``listed`` shows (not one a client cache still
+        resolves the name to), and whether it was read so: if not, ``seen`` (read earlier)
+        stands, and may be older than its last one."""
+        name = wid + RECORD_SUFFIX
+        path = os.path.join(writers_dir(self.root), name)
+        try:
+            if name not in listed:
+                raise FileNotFoundError(errno.ENOENT, "not listed", path)
+            return WriterRecord.decode(read_bounded(path, _MAX_WRITER_BYTES, listed[name])), True
         except (Invalid, OSError) as e:
             self._warn_once(path, e)
             return seen, False
