@@ -212,31 +212,24 @@ def _checked(value: int, what: str) -> int:
 _ESTALE_RETRIES = 5
 
 
-def read_bounded(path: str, limit: int, inode: int | None = None) -> bytes:
+def read_bounded(path: str, limit: int) -> bytes:
     """The bytes of the regular file ``path`` (never through a link), if at most ``limit``.
-
-    With ``inode`` (from a listing of its directory), the file opened must be that one: a
-    network client may resolve a name it looked up before to the file it named then (a
-    GlusterFS mount served a record replaced by rename up to about 1 s late, while new
-    names showed at once), and such a read fails with ESTALE like one the server refuses.
 
     Raises FileNotFoundError if it is missing, Invalid if it is not a small regular file.
     """
     for _ in range(_ESTALE_RETRIES - 1):
         try:
-            return _read_bounded_once(path, limit, inode)
+            return _read_bounded_once(path, limit)
         except OSError as e:
             if e.errno != errno.ESTALE:
                 raise
-    return _read_bounded_once(path, limit, inode)
+    return _read_bounded_once(path, limit)
 
 
-def _read_bounded_once(path: str, limit: int, inode: int | None) -> bytes:
+def _read_bounded_once(path: str, limit: int) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
-        if inode is not None and st.st_ino != inode:
-            raise OSError(errno.ESTALE, "not the file its directory lists", path)
         if not stat.S_ISREG(st.st_mode):
             raise Invalid("not a regular file")
         if st.st_size > limit:
@@ -495,9 +488,8 @@ class UsageLedger:
                 reaped.append(wid)
             if not reaped:
                 return state, uncertain
-            listed = self._listing()  # taken after their locks: their last records
             for wid in reaped:
-                rec, exact = self._final_record(wid, state.writers[wid], listed)
+                rec, exact = self._final_record(wid, state.writers[wid])
                 # Its stores in flight, and those it admitted from its reservation, may have
                 # created their files: count them.
                 files += max(0, rec.added - folded.get(wid, 0)) + rec.writing + rec.reserved
@@ -521,27 +513,19 @@ class UsageLedger:
             self.publish(new)  # their entries go once their records are gone
         return LedgerState(new, state.base_valid, writers), uncertain
 
-    def _listing(self) -> dict[str, int]:
-        """The inode of every name in ``writers/`` now ({} if it cannot be listed)."""
-        try:
-            with os.scandir(writers_dir(self.root)) as it:
-                return {e.name: e.inode() for e in it}
-        except OSError:
-            return {}
+    def _final_record(self, wid: str, seen: WriterRecord) -> tuple[WriterRecord, bool]:
+        """A dead writer's record, read after its lock was taken (nothing can replace it any
+        more), and whether it was read: if not, ``seen`` (read earlier) stands, and may be
+        older than its last one.
 
-    def _final_record(
-        self, wid: str, seen: WriterRecord, listed: dict[str, int]
-    ) -> tuple[WriterRecord, bool]:
-        """A dead writer's record, read after its lock was taken (so nothing can replace it
-        any more) and checked to be the file ``listed`` shows (not one a client cache still
-        resolves the name to), and whether it was read so: if not, ``seen`` (read earlier)
-        stands, and may be older than its last one."""
-        name = wid + RECORD_SUFFIX
-        path = os.path.join(writers_dir(self.root), name)
+        Through a network client's cache the read may still return an older record: on a
+        GlusterFS mount with its default caches, a file replaced by rename was read up to
+        about 1.5 s old, and the directory listing named the old file too (so no check
+        against a listing can tell). docs/tiers.md, "Shared file systems", says which mount
+        options close that window."""
+        path = os.path.join(writers_dir(self.root), wid + RECORD_SUFFIX)
         try:
-            if name not in listed:
-                raise FileNotFoundError(errno.ENOENT, "not listed", path)
-            return WriterRecord.decode(read_bounded(path, _MAX_WRITER_BYTES, listed[name])), True
+            return WriterRecord.decode(read_bounded(path, _MAX_WRITER_BYTES)), True
         except (Invalid, OSError) as e:
             self._warn_once(path, e)
             return seen, False
