@@ -242,6 +242,20 @@ def _read_bounded_once(path: str, limit: int) -> bytes:
         PROCESS_CLOSE_FAILURES.close(fd, path)  # what was read stands
 
 
+def refresh_names(directory: str) -> None:
+    """List ``directory`` (nothing is done with the names): on a FUSE mount the listing
+    refreshes the client's cached names, so a file that another host replaced by rename is
+    then opened as the new file. On a GlusterFS mount with default caches a count read
+    straight away was up to 1 s old, read after a listing at most 20 ms (docs/tiers.md,
+    "Shared file systems")."""
+    try:
+        with os.scandir(directory) as it:
+            for _ in it:
+                pass
+    except OSError:
+        pass  # the read that follows reports what is wrong
+
+
 def replace_atomically(path: str, data: bytes, mode: int) -> None:
     """Write ``data`` to a tmp file next to ``path``, fsync it and rename it over ``path``:
     a reader sees the old file or the new one whole, also after a crash."""
@@ -401,6 +415,7 @@ class UsageLedger:
             )
 
     def read(self) -> LedgerState:
+        refresh_names(state_dir(self.root))
         try:
             base, valid = Base.decode(read_bounded(self.path, _MAX_BASE_BYTES)), True
         except FileNotFoundError:
@@ -488,6 +503,7 @@ class UsageLedger:
                 reaped.append(wid)
             if not reaped:
                 return state, uncertain
+            refresh_names(directory)  # after their locks: their last records
             for wid in reaped:
                 rec, exact = self._final_record(wid, state.writers[wid])
                 # Its stores in flight, and those it admitted from its reservation, may have
@@ -518,11 +534,10 @@ class UsageLedger:
         more), and whether it was read: if not, ``seen`` (read earlier) stands, and may be
         older than its last one.
 
-        Through a network client's cache the read may still return an older record: on a
-        GlusterFS mount with its default caches, a file replaced by rename was read up to
-        about 1.5 s old, and the directory listing named the old file too (so no check
-        against a listing can tell). docs/tiers.md, "Shared file systems", says which mount
-        options close that window."""
+        Through a network client's cache the read may still return an older record (the
+        caller lists the directory first, which shrinks that window: refresh_names), and
+        nothing read can tell; docs/tiers.md, "Shared file systems", says which mount
+        options close it."""
         path = os.path.join(writers_dir(self.root), wid + RECORD_SUFFIX)
         try:
             return WriterRecord.decode(read_bounded(path, _MAX_WRITER_BYTES)), True
