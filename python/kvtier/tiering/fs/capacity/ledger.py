@@ -516,7 +516,7 @@ class UsageLedger:
                 self.publish(Base(files, base.complete, folded))
             for wid in reaped:
                 # The lock first: a record whose lock file is gone is reaped again if this
-                # process dies before the record goes (folded already: nothing is added twice).
+                # process dies before the record goes (its `added` is folded already).
                 _unlink_quietly(os.path.join(directory, wid + LOCK_SUFFIX))
                 _unlink_quietly(os.path.join(directory, wid + RECORD_SUFFIX))
         finally:
