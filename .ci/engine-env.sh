@@ -12,6 +12,8 @@
 # and then call engine_env_main "$@". The usage and the steps are in the engine scripts.
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=install-kvtier.sh
+source "$repo/.ci/install-kvtier.sh"
 pins="$repo/tests/integration/$engine"
 constraints="$pins/constraints.txt"
 requirements="$pins/requirements.txt"
@@ -103,9 +105,7 @@ engine_env_main() {
 
     engine_after_deps
 
-    log "kvtier from $repo (C++ build in $venv/kvtier-build)"
-    pip_in install --quiet --no-build-isolation --no-deps \
-        -C "build-dir=$(cd "$venv" && pwd)/kvtier-build" "$repo"
+    install_kvtier
 
     engine_import_check
 }

@@ -12,7 +12,8 @@
 #   3. the packages LMCache's storage backends import (bench/peers/lmcache/requirements.txt;
 #      numba is required, numpy at most 2.2.6),
 #   4. the build tools for kvtier's C++ core,
-#   5. kvtier itself, built from this checkout (build tree kept in VENV/kvtier-build).
+#   5. kvtier itself, built from this checkout (build tree kept in VENV/kvtier-build, so a
+#      rerun rebuilds incrementally), or the wheel KVTIER_WHEEL names (.ci/install-kvtier.sh).
 # Steps 1-4 are skipped when VENV already holds exactly what the pin files describe. The last
 # check imports LocalDiskBackend, RemoteBackend and FSConnector the way the bench's peer does.
 # Any failure exits non-zero.

@@ -13,6 +13,8 @@
 # same process as the peer, so both move the same blocks in the same directory.
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=install-kvtier.sh
+source "$repo/.ci/install-kvtier.sh"
 pins="$repo/bench/peers/$peer"
 constraints="$pins/constraints.txt"
 requirements="$pins/requirements.txt"
@@ -55,9 +57,7 @@ peer_env_main() {
         printf '%s\n' "$stamp_value" > "$stamp"
     fi
 
-    log "kvtier from $repo (C++ build in $venv/kvtier-build)"
-    pip_in install --quiet --no-build-isolation --no-deps \
-        -C "build-dir=$(cd "$venv" && pwd)/kvtier-build" "$repo"
+    install_kvtier
 
     peer_import_check
     log "ready: $venv/bin/python -m kvtier bench --peer ..."

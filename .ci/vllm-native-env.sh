@@ -15,7 +15,8 @@
 #   2. vLLM 0.33.0 without its dependency tree (--no-deps),
 #   3. the packages vLLM's offloading code imports (bench/peers/vllm-native/requirements.txt),
 #   4. the build tools for kvtier's C++ core,
-#   5. kvtier itself, built from this checkout (build tree kept in VENV/kvtier-build).
+#   5. kvtier itself, built from this checkout (build tree kept in VENV/kvtier-build, so a
+#      rerun rebuilds incrementally), or the wheel KVTIER_WHEEL names (.ci/install-kvtier.sh).
 # Steps 1-4 are skipped when VENV already holds exactly what the pin files describe. The last
 # check imports vllm.fs_io_C, confirms that torch sees no GPU (the point: the native path
 # without one) and that vLLM's fs tier selected the native path. Any failure exits non-zero.

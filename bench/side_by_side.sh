@@ -5,8 +5,9 @@
 # FSES ("ext4:/tmp tmpfs:/dev/shm"), THREADS ("4 16"), LAYOUTS ("scattered thp") and TOTAL
 # (768M) narrow the set, EXTRA adds options to every run (e.g. "--io-timeout-s 0"); a run
 # whose JSON is already in OUTDIR is not run again.
-# Environments: /work/venvs/vnative (vLLM 0.33 on vllm.fs_io_C, CUDA-build torch without a
-# GPU) and /work/venvs/lmcache (LMCache 0.5.6), each with this checkout's kvtier installed.
+# Environments: VLLM_NATIVE_VENV (default .venv-vllm-native: vLLM 0.33 on vllm.fs_io_C,
+# CUDA-build torch without a GPU; .ci/vllm-native-env.sh builds it) and LMCACHE_VENV (default
+# .venv-lmcache: LMCache 0.5.6; .ci/lmcache-env.sh), each with this checkout's kvtier installed.
 # The hugetlb load ceilings need huge pages: as root, sysctl vm.nr_overcommit_hugepages=128.
 set -u
 tag=$1; out=$2; shift 2
@@ -16,7 +17,8 @@ for fs in ${FSES:-ext4:/tmp tmpfs:/dev/shm}; do
   for threads in ${THREADS:-4 16}; do
     for primary in ${LAYOUTS:-scattered thp}; do
       for peer in "${peers[@]}"; do
-        venv=/work/venvs/vnative; [ "$peer" = lmcache ] && venv=/work/venvs/lmcache
+        venv=${VLLM_NATIVE_VENV:-.venv-vllm-native}
+        [ "$peer" = lmcache ] && venv=${LMCACHE_VENV:-.venv-lmcache}
         name="$tag-${fs%%:*}-t$threads-$primary-$peer"
         [ -e "$out/$name.json" ] && continue
         echo "$(date -u +%H:%M:%S) $name load $(cut -d' ' -f1-3 /proc/loadavg)"

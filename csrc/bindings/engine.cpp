@@ -158,8 +158,8 @@ py::dict stats_to_dict(const kvtier::EngineStats& s) {
                   "running_stores"_a = s.running_stores, "jobs_in_flight"_a = s.jobs_in_flight,
                   "io_uring_rings_retired"_a = s.io_uring_rings_retired,
                   "io_timeouts"_a = s.io_timeouts, "abandoned_ops"_a = s.abandoned_ops,
-                  "workers_replaced"_a = s.workers_replaced,
-                  "workers_stuck"_a = s.workers_stuck);
+                  "workers_replaced"_a = s.workers_replaced, "workers_stuck"_a = s.workers_stuck,
+                  "memory_fs_loads"_a = s.memory_fs_loads);
 }
 
 }  // namespace

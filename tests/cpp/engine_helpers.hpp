@@ -145,8 +145,8 @@ constexpr int kGateErrno = EBADMSG;
 /// faults of kernel copies needs CAP_SYS_PTRACE (root) or vm.unprivileged_userfaultfd=1.
 ///
 /// Only with io_timeout_s 0 (gated_config): with a deadline a load reads into the worker's
-/// own buffer and a store copies the gated memory before its I/O, so neither parks in the
-/// kernel's copy.
+/// own buffer (except from a memory-only file system, docs/core.md "Loads from memory") and
+/// a store copies the gated memory before its I/O, so neither parks in the kernel's copy.
 ///
 /// Declare a Gate *after* the Engine it parks: if the test fails early, the Gate's destructor
 /// (which runs first) lets any parked worker go, so the Engine's destructor cannot hang.

@@ -10,8 +10,17 @@
 // frozen FUSE mount). unlinkat is defined the same way (armed on its own, for a name that
 // contains "stall"): the removal of a block that failed its checksum. No timing is asserted:
 // every wait is a hang guard.
+//
+// A load from a file system that holds only memory (tmpfs without swap, ramfs) is read after
+// the worker claimed its batch, without the deadline (docs/core.md, "Loads from memory"): the
+// tests that expect a stuck read to be abandoned therefore need their directories elsewhere,
+// and use the current directory (ctest's: the build tree) where TMPDIR is such a file system.
+// The last tests stall reads on /dev/shm on purpose.
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/sysinfo.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -19,8 +28,10 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <limits>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -37,7 +48,7 @@ std::atomic<bool> g_armed{false};
 std::atomic<bool> g_unlink_armed{false};  // stalls unlinkat instead (arm_unlink)
 std::atomic<int> g_pipe_read{-1};
 std::atomic<int> g_pipe_write{-1};
-std::atomic<int> g_entered{0};  // calls that stalled
+std::atomic<int> g_entered{0};   // calls that stalled
 std::atomic<int> g_returned{0};  // of those, returned from the real system call
 
 bool stalled_path(int fd) {
@@ -128,6 +139,22 @@ extern "C" int unlinkat(int dirfd, const char* path, int flags) {
 namespace {
 
 using kvtest::TempDir;
+
+// Whether the engine would read a file below `path` after the claim (fs/memory_fs.cpp).
+bool memory_only(const char* path) {
+  struct statfs fs;
+  struct sysinfo info;
+  if (::statfs(path, &fs) != 0) return false;
+  return fs.f_type == RAMFS_MAGIC ||
+         (fs.f_type == TMPFS_MAGIC && ::sysinfo(&info) == 0 && info.totalswap == 0);
+}
+
+const bool g_tmpdir_moved = [] {
+  const char* base = std::getenv("TMPDIR");
+  if (!memory_only(base != nullptr && *base != '\0' ? base : "/tmp")) return false;
+  ::setenv("TMPDIR", ".", 1);
+  return true;
+}();
 
 constexpr std::size_t kBlock = 64 * 1024;
 constexpr unsigned char kCanary = 0xC5;
@@ -364,6 +391,55 @@ KV_TEST(a_stuck_store_never_reads_the_callers_memory_after_its_report) {
   const kvtier::Completion loaded = kvtest::load(engine, 2, path, "k", out.data(), kBlock);
   CHECK_MSG(loaded.success, describe(loaded));
   CHECK(out == bytes);
+}
+
+// On a memory file system the read runs after the claim: a read stuck there (nothing on
+// tmpfs waits on a device, but an interposed stall can) holds its job instead of being
+// abandoned, and the job is reported only once the read returned, with its bytes. Both halves
+// of the invariant show: the caller's memory is written before the report, never after.
+KV_TEST(a_stuck_read_from_tmpfs_is_waited_for_never_abandoned) {
+  if (!memory_only("/dev/shm")) {
+    std::printf("SKIP: /dev/shm is not a memory file system without swap here\n");
+    return;
+  }
+  (void)g_tmpdir_moved;
+  char tmpl[] = "/dev/shm/kvtier-cpp-test.XXXXXX";
+  CHECK(::mkdtemp(tmpl) != nullptr);
+  struct RemoveAtExit {
+    std::string path;
+    ~RemoveAtExit() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  } remove{tmpl};
+  const std::string path = std::string(tmpl) + "/stall_m";
+  const std::vector<unsigned char> bytes = kvtest::pattern(kBlock, 9);
+  kvtier::EngineConfig config;
+  config.set_root_dir(tmpl).set_o_direct(kvtier::ODirectMode::kOff).set_n_read_threads(1);
+  config.set_n_write_threads(1).set_fingerprint("test-fingerprint");
+  config.set_io_engine(kvtier::IoEngine::kPsync).set_io_timeout_s(0.3);
+  kvtier::Engine engine(config);
+  ReleaseAtExit guard;
+  put_block(engine, 1, path, bytes);
+  std::vector<unsigned char> target(kBlock, kCanary);
+  arm();
+  engine.submit(2, kvtier::Direction::kLoad,
+                {kvtest::block(path, "k", target.data(), target.size())});
+  kvtest::wait_until([] { return g_entered.load() == 1; }, "the read stalled");
+  // Three deadlines pass with the read stuck: the watchdog leaves a claimed batch alone.
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));
+  CHECK(engine.pop_completions().empty());
+  CHECK_EQ(engine.stats().io_timeouts, std::uint64_t{0});
+  CHECK(all_canary(target));  // the stalled read has not reached the caller's memory yet
+  release();
+  std::vector<kvtier::Completion> out;
+  kvtest::pop_exactly(engine, 1, out);
+  CHECK_EQ(g_returned.load(), 1);  // returned before its job was reported
+  CHECK_MSG(out[0].success, describe(out[0]));
+  CHECK(target == bytes);
+  const kvtier::EngineStats s = engine.stats();
+  CHECK_EQ(s.io_timeouts, std::uint64_t{0});
+  CHECK_EQ(s.memory_fs_loads, std::uint64_t{1});
 }
 
 KV_TEST(io_timeout_s_is_validated) {

@@ -160,6 +160,69 @@ def test_lmcache_driver_from_several_threads_then_closed_with_loads_queued(
         primary.close()
 
 
+def test_lmcache_fs_closed_with_puts_in_flight_unwinds_them_on_their_loop(
+    tmp_path: Path, lmcache: None, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A run stopped by a failed job closes the driver with the FSConnector's puts in flight.
+    Their coroutines must unwind on their own loop: stopped under them, they were destroyed
+    later outside any loop and LMCache logged "no running event loop" for each put, which
+    read like the cause of the failure. After close no LMCache thread is left running."""
+    import threading
+
+    from kvtier.bench.peer_lmcache import LmcacheDriver
+    from kvtier.bench.workload import JobIds, PrimaryMemory, block_keys, make_jobs
+
+    primary = PrimaryMemory(32, 2 << 20)
+    primary.fill(seed=5)
+    driver = LmcacheDriver(tmp_path, primary, variant="lmcache-fs", threads=2, direct=True)
+    try:
+        keys = block_keys(b"inflight", 0, 32)
+        for job in make_jobs(JobIds().take(32), keys, range(32), 16):
+            driver.submit_store(job)
+    finally:
+        driver.close()
+    import gc
+
+    gc.collect()  # what destroyed the stranded coroutines before
+    err = capfd.readouterr().err
+    primary.close()
+    assert "no running event loop" not in err
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("kvtier-bench-lmcache")]
+    assert alive == []
+
+
+def test_lmcache_fs_get_past_its_blocking_timeout_is_reported_as_such(
+    tmp_path: Path, lmcache: None
+) -> None:
+    """LMCache's RemoteBackend returns None for a get that outlasts blocking_timeout_secs,
+    logging only a WARNING: the failed load must say that, not just "no block". The timeout
+    is set to 0 on the driver's LMCache config (the only way to make a get outlast it on
+    purpose)."""
+    from kvtier.bench.errors import BenchError
+    from kvtier.bench.peer_lmcache import LmcacheDriver
+    from kvtier.bench.workload import JobIds, PrimaryMemory, block_keys, make_jobs, wait_for
+
+    primary = PrimaryMemory(16, 2 << 20)
+    primary.fill(seed=6)
+    driver = LmcacheDriver(tmp_path, primary, variant="lmcache-fs", threads=2, direct=True)
+    try:
+        ids = JobIds()
+        keys = block_keys(b"timeout", 0, 8)
+        stores = make_jobs(ids.take(8), keys, range(8), 8)
+        for job in stores:
+            driver.submit_store(job)
+        wait_for(driver, {j.job_id for j in stores}, "store")
+        driver._config.blocking_timeout_secs = 0
+        loads = make_jobs(ids.take(8), keys, range(8, 16), 8)
+        for job in loads:
+            driver.submit_load(job)
+        with pytest.raises(BenchError, match=r"past LMCache's blocking_timeout_secs \(0 s\)"):
+            wait_for(driver, {j.job_id for j in loads}, "load")
+    finally:
+        driver.close()
+        primary.close()
+
+
 def test_peer_vllm_runs_on_the_native_path(tmp_path: Path, vllm_native: None) -> None:
     proc, results = _bench(tmp_path, "--peer", "vllm", "--no-fio")
     peer = results["peers"]["vllm"]

@@ -638,6 +638,34 @@ def test_torn_ledger_is_rebuilt_by_a_scan_with_one_warning(tmp_path, caplog):
         t.close()
 
 
+def test_a_count_older_than_the_records_is_rebuilt(tmp_path):
+    """A tier's evictor reads the count as it was before it folded a dead writer in (what a
+    client cache of a network file system can serve after another host's evictor did it):
+    an entry for a writer whose record is gone. Trusted, the count would be that writer's
+    four files short until the next periodic recount; it is rebuilt by a scan instead."""
+    assert (
+        finish(run_worker(tmp_path, 0, 4, {"max_bytes": 64 * FILE, "min_free_fraction": 0}))[
+            "stored"
+        ]
+        == 4
+    )
+    path = tmp_path / STATE_DIR_NAME / LEDGER_FILE_NAME
+    older = path.read_bytes()  # the worker's entry, none of its four files
+    (dead,) = ledger(tmp_path).writers
+    assert Base.decode(older).folded == {dead: 0} and Base.decode(older).files == 0
+    t = Tier(tmp_path, max_bytes=64 * FILE, min_free_fraction=0)
+    try:
+        wait_for(lambda: dead not in ledger(tmp_path).writers, "the dead writer to be folded in")
+        assert ledger(tmp_path).files == disk_bytes(tmp_path) == 4 * FILE
+        tmp = path.with_name("older.tmp")
+        tmp.write_bytes(older)
+        tmp.rename(path)  # read with no record of the worker left: four files short
+        wait_for(lambda: ledger(tmp_path).files == 4 * FILE, "a recount", timeout=15)
+        assert ledger(tmp_path).orphans == []
+    finally:
+        t.close()
+
+
 @pytest.mark.parametrize("bad", ["nested", "infinity", "sparse-1TiB", "fifo", "out-of-range"])
 def test_invalid_ledger_contents_are_rebuilt_by_a_scan(tmp_path, caplog, bad):
     """Whatever lies at the ledger's path, the tier starts, warns once and recounts: no

@@ -39,6 +39,10 @@ struct EngineStats {
   std::uint64_t abandoned_ops = 0;
   std::uint64_t workers_replaced = 0;
   std::uint64_t workers_stuck = 0;
+  /// Blocks loaded under io_timeout_s straight into the caller's memory, without the worker's
+  /// own copy, because their file holds only memory (ramfs, or tmpfs without swap; see
+  /// docs/core.md). (Appended in 0.1, as the fields above.)
+  std::uint64_t memory_fs_loads = 0;
 };
 
 /// A pool of worker threads that stores and loads KV blocks as files.

@@ -16,6 +16,7 @@ void Counters::record_block(bool load, const BlockResult& result) noexcept {
   add(load ? load_blocks_ : store_blocks_);
   add(load ? load_bytes_ : store_bytes_, result.bytes);
   if (result.dedup) add(dedup_skips_);
+  if (result.from_memory_fs) add(memory_fs_loads_);
 }
 
 void Counters::record_job(bool load, bool failed) noexcept {
@@ -40,6 +41,7 @@ void Counters::snapshot(EngineStats& out) const noexcept {
   out.o_direct_fallbacks = get(o_direct_fallbacks_);
   out.io_uring_rings_retired = get(io_uring_rings_retired_);
   out.io_timeouts = get(io_timeouts_);
+  out.memory_fs_loads = get(memory_fs_loads_);
   out.io_uring_retired_errno = io_uring_retired_errno_.load(std::memory_order_relaxed);
 }
 

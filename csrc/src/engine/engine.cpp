@@ -32,6 +32,7 @@
 #include "engine/settings.hpp"
 #include "engine/worker.hpp"
 #include "fs/beneath.hpp"
+#include "fs/memory_fs.hpp"
 #include "fs/process.hpp"
 #include "io/block_io.hpp"
 #include "io/ring.hpp"
@@ -182,6 +183,7 @@ void Engine::Impl::make_io_context() {
   io.direct = direct;
   io.io_engine = io_engine;
   io.root = &root;
+  io.root_in_memory = detail::reads_only_memory(root.fd());
   io.directory_mode = kvtier::directory_mode(settings.file_mode);
   io.staging = &staging;
   io.cuda = cuda;

@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "fs/memory_fs.hpp"
 #include "io/block_file.hpp"
 #include "io/owned_payload.hpp"
 #include "io/psync_engine.hpp"
@@ -40,6 +41,45 @@ void place(const WorkerPlacement& placement) {
 
 namespace {
 
+enum class MemoryLoad { kDone, kAbandoned, kNotMemory };
+
+// A load batch under a deadline whose files hold only memory (fs/memory_fs.hpp): read straight
+// into the caller's memory, as without a deadline, instead of into the arena and copied out.
+// The deadline's invariant (after a job is reported, kvtier never touches its memory again)
+// holds because the caller's memory is written only while the worker has claimed the batch,
+// and the watchdog never times out a claimed batch: such a job is reported when the reads
+// return, never before. What the deadline bounds is kept by the files: the opens (path
+// resolution, any file system) run inside the kernel phase under the deadline, and only a
+// file that reads_only_memory is read after the claim, where a read is a copy out of memory.
+//
+// kNotMemory: some file is elsewhere (a file system mounted below the root, swap switched
+// on, device memory to fill); the files are closed and the batch is left claimed, for the
+// arena path to put back under its deadline. kAbandoned: the watchdog timed the opens out.
+MemoryLoad load_from_memory(const IoContext& io, WorkerContext& worker, Batch& batch) {
+  const std::size_t n = batch.size;
+  for (std::size_t i = 0; i < n; ++i)
+    if (!payload_in_host_memory(*batch.ops[i])) return MemoryLoad::kNotMemory;
+  OpenedLoad files[kMaxBatchBlocks];
+  bool opened[kMaxBatchBlocks] = {};
+  bool memory = true;
+  batch.enter_kernel();
+  for (std::size_t i = 0; i < n && memory; ++i) {
+    opened[i] = open_load(io, *batch.ops[i], files[i], batch.results[i]);
+    memory = !opened[i] || reads_only_memory(files[i].fd.get());
+  }
+  if (!batch.claim()) return MemoryLoad::kAbandoned;
+  if (!memory) {
+    for (std::size_t i = 0; i < n; ++i) batch.results[i] = BlockResult();
+    return MemoryLoad::kNotMemory;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!opened[i]) continue;  // its result says why (a missing block, a link, ...)
+    batch.results[i] = read_load(io, worker, *batch.ops[i], files[i], batch.ready());
+    batch.results[i].from_memory_fs = batch.results[i].ok();
+  }
+  return MemoryLoad::kDone;
+}
+
 // A batch under a deadline (EngineConfig::io_timeout_s > 0), on the worker's own buffers:
 // stores copied in first, the I/O, then the claim; loads copied out only after it. Returns
 // false when the watchdog timed the batch out first: the worker is abandoned then, and must
@@ -50,6 +90,16 @@ namespace {
 // with the header's before the block counts as loaded. Device loads are checked in the
 // arena by the I/O engine before the copy, so only verified bytes reach device memory.
 bool run_owned(const IoContext& io, WorkerContext& worker, OwnedPayloads& owned, Batch& batch) {
+  if (batch.is_load && io.root_in_memory) {
+    switch (load_from_memory(io, worker, batch)) {
+      case MemoryLoad::kDone:
+        return true;
+      case MemoryLoad::kAbandoned:
+        return false;
+      case MemoryLoad::kNotMemory:
+        break;  // claimed: below, enter_kernel() puts the batch back under its deadline
+    }
+  }
   const std::size_t n = batch.size;
   const char* what = batch.is_load ? "load" : "store";
   try {
@@ -169,9 +219,9 @@ WorkerExit run_worker(Scheduler& scheduler, const IoContext& io, const WorkerPla
       }
     } else if (deadline) {
       if (!run_owned(io, *worker, owned, batch)) {
-          abandoned_blocks = batch.size;
-          return WorkerExit::kAbandoned;
-        }
+        abandoned_blocks = batch.size;
+        return WorkerExit::kAbandoned;
+      }
     } else {
       run_blocks(io, *worker, batch.is_load, batch.ops, batch.size, batch.ready(), batch.results);
     }

@@ -46,6 +46,9 @@ struct BlockResult {
   std::uint32_t expected_crc = 0;
   dev_t file_dev = 0;
   ino_t file_ino = 0;
+  /// Loaded under a deadline straight into the caller's memory from a file that holds only
+  /// memory (fs/memory_fs.hpp), without the worker's arena (EngineStats::memory_fs_loads).
+  bool from_memory_fs = false;
 
   bool ok() const noexcept { return error == 0; }
 };
@@ -70,6 +73,9 @@ struct IoContext {
   StagingPool* staging = nullptr;
   const cuda::Api* cuda = nullptr;  ///< set when device segments are allowed
   int cuda_device = 0;
+  /// The root directory's file system holds only memory (reads_only_memory, asked when the
+  /// engine starts): loads under a deadline try to skip the arena (worker.cpp).
+  bool root_in_memory = false;
   /// kIoUring: the workers make rings (the engine in use, never kAuto).
   IoEngine io_engine = IoEngine::kPsync;
 };

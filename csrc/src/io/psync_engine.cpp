@@ -223,8 +223,7 @@ FileDescriptor open_for_load(const IoContext& ctx, const BlockOp& op, int flags,
 // Removes a block file that failed verification, so the next lookup is a clean miss. Only if
 // its name still leads to the file that was read: a writer may have put a good block there
 // since (the old code unlinked whatever the name held).
-bool remove_bad_file(const IoContext& ctx, const BlockOp& op, Location& loc, dev_t dev,
-                     ino_t ino) {
+bool remove_bad_file(const IoContext& ctx, const BlockOp& op, Location& loc, dev_t dev, ino_t ino) {
   BlockResult ignored;
   if (!loc.dir && !locate(ctx, op.path, /*create=*/false, loc, ignored)) return false;
   struct stat now;
@@ -233,44 +232,53 @@ bool remove_bad_file(const IoContext& ctx, const BlockOp& op, Location& loc, dev
          ::unlinkat(loc.dir.get(), loc.name.c_str(), 0) == 0;
 }
 
-BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                            cuda::Event ready, const CrcPlan* plan) {
-  const EngineSettings& config = *ctx.config;
-  BlockResult result;
-  Location loc;
-  bool direct = ctx.direct;
+bool open_load_impl(const IoContext& ctx, const BlockOp& op, OpenedLoad& file,
+                    BlockResult& result) {
+  file.direct = ctx.direct;
   // O_NONBLOCK: opening a FIFO planted at a block path must fail the block, not hang the
   // worker (and with it drain and shutdown); it changes nothing for regular files.
-  FileDescriptor fd =
-      open_for_load(ctx, op, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, direct, loc, result);
-  if (!fd) return result;
-  const bool fell_back = result.o_direct_fallback;
+  file.fd = open_for_load(ctx, op, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, file.direct,
+                          file.loc, result);
+  if (!file.fd) return false;
+  file.fell_back = result.o_direct_fallback;
   // Kept although every special file would also fail the read below (FIFOs and sockets with
   // ESPIPE, directories with EISDIR, /dev/null with a short read): reading a device planted
   // at a block path runs its driver's code, which need not honour O_NONBLOCK. One fstat, the
   // cheapest call of a load, keeps "a special file fails at once, never hangs" unconditional.
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return failure(errno, "fstat", op.path);
-  if (!S_ISREG(st.st_mode)) return not_regular(op.path, st.st_mode);
+  if (::fstat(file.fd.get(), &file.st) != 0) {
+    result = failure(errno, "fstat", op.path);
+    return false;
+  }
+  if (!S_ISREG(file.st.st_mode)) {
+    result = not_regular(op.path, file.st.st_mode);
+    return false;
+  }
+  return true;
+}
 
+BlockResult read_load_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                           OpenedLoad& file, cuda::Event ready, const CrcPlan* plan) {
+  const EngineSettings& config = *ctx.config;
+  const bool fell_back = file.fell_back;
   auto corrupt = [&](std::string why) {
-    fd.reset();
+    file.fd.reset();
     BlockResult r = failure(EBADMSG, "verify", op.path, std::move(why));
-    r.corrupt_removed = remove_bad_file(ctx, op, loc, st.st_dev, st.st_ino);
+    r.corrupt_removed = remove_bad_file(ctx, op, file.loc, file.st.st_dev, file.st.st_ino);
     r.o_direct_fallback = fell_back;
     return r;
   };
 
   const bool want_crc = config.checksum == Checksum::kCrc32c;
   std::vector<Segment> scratch;
-  const std::vector<Segment>* staged = staged_segments(op, direct, scratch);
+  const std::vector<Segment>* staged = staged_segments(op, file.direct, scratch);
   // The caller checks the CRC of a payload read in place while copying it out (CrcPlan); a
   // staged one is checked here before any byte leaves the staging buffer.
   const bool crc_in_copy = want_crc && staged == nullptr && plan != nullptr && plan->in_copy;
-  ReadOutcome read = staged ? read_segments(ctx, worker, fd.get(), op, *staged, want_crc, ready)
-                            : read_in_place(ctx, worker, fd.get(), direct, op,
-                                            in_place_payload(op, scratch),
-                                            want_crc && !crc_in_copy);
+  const int fd = file.fd.get();
+  ReadOutcome read = staged
+                         ? read_segments(ctx, worker, fd, op, *staged, want_crc, ready)
+                         : read_in_place(ctx, worker, fd, file.direct, op,
+                                         in_place_payload(op, scratch), want_crc && !crc_in_copy);
   if (read.error) {
     BlockResult r =
         failure(read.error.error, read.error.operation, op.path, std::move(read.error.message));
@@ -288,10 +296,18 @@ BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const B
   if (has_crc && crc_in_copy) {
     r.crc_pending = true;
     r.expected_crc = read.header.payload_crc;
-    r.file_dev = st.st_dev;
-    r.file_ino = st.st_ino;
+    r.file_dev = file.st.st_dev;
+    r.file_ino = file.st.st_ino;
   }
   return r;
+}
+
+BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                            cuda::Event ready, const CrcPlan* plan) {
+  BlockResult result;
+  OpenedLoad file;
+  if (!open_load_impl(ctx, op, file, result)) return result;
+  return read_load_impl(ctx, worker, op, file, ready, plan);
 }
 
 // Block operations run on worker threads, which must never unwind: anything unexpected
@@ -322,6 +338,23 @@ BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const Block
 BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                        cuda::Event ready, const CrcPlan* crc) noexcept {
   return guarded(op, "load", [&] { return load_block_impl(ctx, worker, op, ready, crc); });
+}
+
+bool open_load(const IoContext& ctx, const BlockOp& op, OpenedLoad& file,
+               BlockResult& result) noexcept {
+  bool opened = false;
+  result = guarded(op, "load", [&] {
+    BlockResult r;
+    opened = open_load_impl(ctx, op, file, r);
+    return r;
+  });
+  if (!opened) file.fd.reset();
+  return opened;
+}
+
+BlockResult read_load(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                      OpenedLoad& file, cuda::Event ready, const CrcPlan* crc) noexcept {
+  return guarded(op, "load", [&] { return read_load_impl(ctx, worker, op, file, ready, crc); });
 }
 
 bool remove_corrupt_file(const IoContext& ctx, const BlockOp& op, dev_t dev, ino_t ino) {

@@ -1,9 +1,13 @@
 #pragma once
 
+#include <sys/stat.h>
+
 #include <kvtier/job.hpp>
 
 #include "device/cuda_runtime.hpp"
+#include "io/block_file.hpp"
 #include "io/block_io.hpp"
+#include "io/posix_io.hpp"
 
 namespace kvtier::detail {
 
@@ -22,6 +26,28 @@ BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const Block
 /// caller's copy out to check.
 BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                        cuda::Event ready, const CrcPlan* crc = nullptr) noexcept;
+
+/// A block file opened for a load (open_load) and not read yet: load_block in two steps,
+/// for a caller that decides between them how the payload is read (the worker reads a file of
+/// a memory-backed file system straight into the caller's memory, worker.cpp).
+struct OpenedLoad {
+  FileDescriptor fd;
+  Location loc;  // filled only where the open went through the block's directory
+  struct stat st{};
+  bool direct = false;     ///< opened with O_DIRECT
+  bool fell_back = false;  ///< O_DIRECT was refused and the file opened buffered instead
+};
+
+/// load_block's first steps: opens op.path below the root (O_DIRECT where the engine uses it,
+/// falling back where allowed) and checks that it is a regular file. On failure fills
+/// `result` (exactly as load_block reports it) and returns false. Never throws.
+bool open_load(const IoContext& ctx, const BlockOp& op, OpenedLoad& file,
+               BlockResult& result) noexcept;
+
+/// The rest of load_block on a file open_load opened: reads and verifies it into the op's
+/// memory, removing it if it does not verify. Never throws.
+BlockResult read_load(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                      OpenedLoad& file, cuda::Event ready, const CrcPlan* crc = nullptr) noexcept;
 
 /// Removes the block file at op.path if it is still the file (`dev`, `ino`) that failed
 /// verification, so the next lookup is a clean miss (what load_block does with a file that

@@ -101,19 +101,42 @@ class _LoopThread:
 
     def __init__(self, threads: int) -> None:
         self.loop = asyncio.new_event_loop()
-        self.loop.set_default_executor(
-            ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kvtier-bench-lmcache-io")
+        self._executor = ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="kvtier-bench-lmcache-io"
         )
+        self.loop.set_default_executor(self._executor)
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="kvtier-bench-lmcache-loop", daemon=True
         )
         self._thread.start()
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=30)
+        """Cancels LMCache's coroutines still running (a run stopped by a failed job leaves
+        puts in flight) on the loop, then stops it and waits for its executor's threads.
+
+        Stopping the loop under a pending coroutine leaves it to be destroyed later, outside
+        any loop: the FSConnector's ``put`` then fails in its cleanup (aiofiles asks for the
+        running loop) and LMCache logs "Failed to write file ...: no running event loop" for
+        each, which reads like the cause of the run's failure but is its aftermath. Cancelled
+        here, the coroutines unwind on their loop, and once the executor has finished no
+        LMCache thread reads or writes the bench's primary memory any more."""
+        if self._thread.is_alive():
+            done = asyncio.run_coroutine_threadsafe(_cancel_pending(), self.loop)
+            with contextlib.suppress(Exception):
+                done.result(timeout=30)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=30)
+        self._executor.shutdown(wait=True, cancel_futures=True)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _cancel_pending() -> None:
+    """Cancels every other task of the running loop and waits until each has unwound."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _RowAllocator:
@@ -384,15 +407,17 @@ class LmcacheDriver:
         """Reads the blocks into their rows; per block, None or what went wrong."""
         if self._staging is None:
             self._rows.expect(rows)
+        started = time.monotonic()
         try:
             got = self._backend.batched_get_blocking(keys)
         finally:
             if self._staging is None and self._rows.drain():
                 logger.debug("LMCache allocated fewer blocks than it was asked to load")
+        elapsed = time.monotonic() - started
         errors: list[str | None] = []
         for row, obj in zip(rows, got):
             if obj is None:
-                errors.append(f"LMCache's {self.name} backend returned no block for row {row}")
+                errors.append(self._missing(row, elapsed))
                 continue
             if self._staging is None:
                 # LocalDiskBackend allocated this row for the block (in key order): check it.
@@ -410,6 +435,21 @@ class LmcacheDriver:
                 obj.ref_count_down()
             errors.append(None)
         return errors
+
+    def _missing(self, row: int, elapsed: float) -> str:
+        """Why a block LMCache returned as None is missing, as far as the driver can tell."""
+        why = f"LMCache's {self.name} backend returned no block for row {row}"
+        timeout = self._config.blocking_timeout_secs
+        if self.name == "lmcache-fs" and elapsed >= timeout:
+            # RemoteBackend waits blocking_timeout_secs for each get and then returns None,
+            # with only a WARNING (hidden at the bench's LMCACHE_LOG_LEVEL=ERROR).
+            why += (
+                f": its batched_get_blocking took {elapsed:.1f} s, past LMCache's "
+                f"blocking_timeout_secs ({timeout} s), after which LMCache's RemoteBackend "
+                "gives a block up and returns None (its gets wait in the same executor as the "
+                "queued puts: a store flood on a busy machine delays them this long)"
+            )
+        return why
 
     # -- the driver interface -----------------------------------------------------------
 

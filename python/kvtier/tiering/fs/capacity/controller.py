@@ -626,7 +626,10 @@ class CapacityController:
         free_need = self._free_demand(st)
         now = time.monotonic()
         due = self._reconcile_due()
-        reap = len(self._state.writers) > 1 and now - self._reaped_at > REAP_SECONDS
+        # Others' records to fold in if they died, or entries of writers with no record left
+        # (a count to rebuild: LedgerState.orphans).
+        others = len(self._state.writers) > 1 or bool(self._state.orphans)
+        reap = others and now - self._reaped_at > REAP_SECONDS
         lru = self.policy.eviction == "lru"
         if due or reap or (lru and (budget_need or free_need or asked)):
             started = time.thread_time()
@@ -747,6 +750,8 @@ class CapacityController:
 
     def _evicted(self, paths: list[str], nbytes: int) -> None:
         self._state = self.ledger.subtract(nbytes)
+        if self._state.orphans:
+            self._recount = True  # the count read may miss what they added (reap_dead)
         with self._lock:
             self.evicted_blocks += len(paths)
             self.evicted_bytes += nbytes

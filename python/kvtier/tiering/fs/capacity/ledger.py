@@ -20,7 +20,8 @@ plus ``sum(reserved)`` (``reserved_bytes``). Every file is read with a bounded s
 checked (magic, version, length, CRC32C, value ranges); an invalid one counts as missing, is
 warned about once, and the evictor rebuilds the count by a scan. Errors only over-count
 (blocks committed while a scan ran; a writer's record lost with a state directory) until
-the next scan.
+the next scan; where a reading cannot tell (a dead writer's reservation, a count older than
+the records listed: UsageLedger.reap_dead) the count is rebuilt by a scan.
 """
 
 from __future__ import annotations
@@ -241,6 +242,20 @@ def _read_bounded_once(path: str, limit: int) -> bytes:
         PROCESS_CLOSE_FAILURES.close(fd, path)  # what was read stands
 
 
+def refresh_names(directory: str) -> None:
+    """List ``directory`` (nothing is done with the names): on a FUSE mount the listing
+    refreshes the client's cached names, so a file that another host replaced by rename is
+    then opened as the new file. On a GlusterFS mount with default caches a count read
+    straight away was up to 1 s old, read after a listing at most 20 ms (docs/tiers.md,
+    "Shared file systems")."""
+    try:
+        with os.scandir(directory) as it:
+            for _ in it:
+                pass
+    except OSError:
+        pass  # the read that follows reports what is wrong
+
+
 def replace_atomically(path: str, data: bytes, mode: int) -> None:
     """Write ``data`` to a tmp file next to ``path``, fsync it and rename it over ``path``:
     a reader sees the old file or the new one whole, also after a crash."""
@@ -349,6 +364,14 @@ class LedgerState:
         )
 
     @property
+    def orphans(self) -> list[str]:
+        """Writers the count has an entry for but no record: read through a cache, a count
+        older than the records listed (another evictor has folded such a writer in and
+        removed its record since), or a reap that crashed. The count may then miss what they
+        added: only a scan can tell (UsageLedger.reap_dead)."""
+        return [w for w in self.base.folded if w not in self.writers]
+
+    @property
     def writing(self) -> int:
         return sum(r.writing for r in self.writers.values())
 
@@ -392,6 +415,7 @@ class UsageLedger:
             )
 
     def read(self) -> LedgerState:
+        refresh_names(state_dir(self.root))
         try:
             base, valid = Base.decode(read_bounded(self.path, _MAX_BASE_BYTES)), True
         except FileNotFoundError:
@@ -433,48 +457,93 @@ class UsageLedger:
 
     def reap_dead(self, state: LedgerState, keep: str | None = None) -> tuple[LedgerState, bool]:
         """Fold the records of writers whose lock is free (dead or closed) into the count and
-        remove their files; returns the state after, and whether one died with stores in
-        flight (counted as committed: an over-count a scan should correct). Only the
-        evictor calls this."""
-        uncertain = False
+        remove their files; returns the state after, and whether the count is uncertain (a
+        scan should recount). Only the evictor calls this.
+
+        Every step errs towards over-counting (docs/tiers.md, "The margin"):
+
+        - a record is read again once its writer's lock is taken: read before, it could miss
+          a final record written in between;
+        - a dead writer's stores in flight (``writing``) and its reservation (``reserved``:
+          stores admitted from it in memory may have created files its record does not show
+          yet) count as committed, and make the count uncertain;
+        - the count is published before the writer's files are removed, with its entry
+          (fully folded) kept: a crash in between leaves a record that is folded again
+          (nothing more of ``added``), never a record lost before it was counted;
+        - an entry of a writer with no record (an orphan) means the count read is older
+          than the listing of records (a client cache serving an old ``usage.kvl`` after
+          another evictor reaped that writer) or a reap that crashed: what the writer added
+          after that count cannot be known, so the entry is kept and the count is uncertain
+          until a scan rebuilds it (reconcile() drops orphans)."""
         base = state.base
         folded, files = dict(base.folded), base.files
         writers = dict(state.writers)
-        gone = False
+        orphans = state.orphans
+        uncertain = bool(orphans)
         directory = writers_dir(self.root)
-        for wid, rec in state.writers.items():
-            if wid == keep:
-                continue
-            lock_path = os.path.join(directory, wid + LOCK_SUFFIX)
-            try:
-                fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-            except FileNotFoundError:
-                fd = -1  # a writer creates its lock before its record: this one is gone
-            except OSError:
-                continue
-            try:
-                if fd >= 0 and not try_ofd_lock(fd):
-                    continue  # alive
-                # Its stores in flight may have created their files: count them.
-                files += max(0, rec.added - folded.pop(wid, 0)) + rec.writing
-                uncertain = uncertain or rec.writing > 0
-                writers.pop(wid)
-                gone = True
-                _unlink_quietly(os.path.join(directory, wid + RECORD_SUFFIX))
-                _unlink_quietly(lock_path)
-            finally:
+        reaped: list[str] = []
+        held: list[int] = []  # descriptors of the lock files tried; closed at the end
+        try:
+            for wid in state.writers:
+                if wid == keep:
+                    continue
+                lock_path = os.path.join(directory, wid + LOCK_SUFFIX)
+                try:
+                    fd = os.open(
+                        lock_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+                    )
+                except FileNotFoundError:
+                    fd = -1  # a writer creates its lock before its record: this one is gone
+                except OSError:
+                    continue
                 if fd >= 0:
-                    os.close(fd)
-        # Folded entries of writers with no record left: nothing more to fold.
-        for wid in [w for w in folded if w not in writers]:
+                    held.append(fd)
+                    if not try_ofd_lock(fd):
+                        continue  # alive
+                reaped.append(wid)
+            if not reaped:
+                return state, uncertain
+            refresh_names(directory)  # after their locks: their last records
+            for wid in reaped:
+                rec, exact = self._final_record(wid, state.writers[wid])
+                # Its stores in flight, and those it admitted from its reservation, may have
+                # created their files: count them.
+                files += max(0, rec.added - folded.get(wid, 0)) + rec.writing + rec.reserved
+                uncertain = uncertain or not exact or rec.writing > 0 or rec.reserved > 0
+                folded[wid] = max(rec.added, folded.get(wid, 0))
+                writers.pop(wid)
+            if state.base_valid:
+                self.publish(Base(files, base.complete, folded))
+            for wid in reaped:
+                # The lock first: a record whose lock file is gone is reaped again if this
+                # process dies before the record goes (its `added` is folded already).
+                _unlink_quietly(os.path.join(directory, wid + LOCK_SUFFIX))
+                _unlink_quietly(os.path.join(directory, wid + RECORD_SUFFIX))
+        finally:
+            for fd in held:
+                PROCESS_CLOSE_FAILURES.close(fd, directory)
+        for wid in reaped:
             del folded[wid]
-            gone = True
-        if not gone:
-            return state, False
         new = Base(files, base.complete, folded)
         if state.base_valid:
-            self.publish(new)
+            self.publish(new)  # their entries go once their records are gone
         return LedgerState(new, state.base_valid, writers), uncertain
+
+    def _final_record(self, wid: str, seen: WriterRecord) -> tuple[WriterRecord, bool]:
+        """A dead writer's record, read after its lock was taken (nothing can replace it any
+        more), and whether it was read: if not, ``seen`` (read earlier) stands, and may be
+        older than its last one.
+
+        Through a network client's cache the read may still return an older record (the
+        caller lists the directory first, which shrinks that window: refresh_names), and
+        nothing read can tell; docs/tiers.md, "Shared file systems", says which mount
+        options close it."""
+        path = os.path.join(writers_dir(self.root), wid + RECORD_SUFFIX)
+        try:
+            return WriterRecord.decode(read_bounded(path, _MAX_WRITER_BYTES)), True
+        except (Invalid, OSError) as e:
+            self._warn_once(path, e)
+            return seen, False
 
     def reconcile(self, scanned: int, added_at_start: int) -> LedgerState:
         """Publish ``files`` from a full scan that began when ``added`` (the sum over writers)
@@ -490,7 +559,9 @@ class UsageLedger:
         """Uncount block files the evictor has just unlinked (evictor lock held). Writers'
         additions so far are folded in first: the files removed may be theirs."""
         state = self.read()
-        folded = {w: r.added for w, r in state.writers.items()}
+        # Orphans' entries stay: the next reap sees them and has the count rebuilt.
+        folded = {w: state.base.folded[w] for w in state.orphans}
+        folded.update((w, r.added) for w, r in state.writers.items())
         base = Base(max(0, state.files - nbytes), state.base.complete, folded)
         if state.base_valid:
             self.publish(base)
