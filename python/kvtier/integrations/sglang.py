@@ -364,7 +364,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         """Submit one job for the blocks at ``paths`` through ``submit(engine, job_id)``, wait
         for it, per-block results. A store first takes budget for its pages; a store refused
         for budget fails every page (no I/O)."""
-        engine, _, pool_layout = self._ready()
+        engine, mapper, pool_layout = self._ready()
         assert self._waiter is not None and self._capacity is not None
         assert self._health is not None
         capacity, health = self._capacity, self._health
@@ -386,6 +386,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
             if not is_load and paths:
                 capacity.finish_store(len(paths), 0, paths)
             raise
+        if health.degraded:  # degraded since the check: failed like the rest of the queue
+            engine.fail_unstarted(mapper.rank_dir)
         c = self._waiter.wait(job_id)
         if not c.success:
             self._failure_log.error("Job %s block I/O failed: %s", job_id, c.error)
