@@ -259,7 +259,14 @@ void def_engine_methods(py::class_<PyEngine>& engine) {
           },
           "max"_a = 0, "Finished jobs; never blocks.")
       .def("drain", &kvtier::Engine::drain, py::call_guard<py::gil_scoped_release>())
+      .def("drain_for", &kvtier::Engine::drain_for, "timeout_s"_a,
+           py::call_guard<py::gil_scoped_release>(),
+           "drain() for at most timeout_s seconds; False when the time ran out first.")
       .def("shutdown", &kvtier::Engine::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("fail_unstarted", &kvtier::Engine::fail_unstarted, "directory"_a,
+           py::call_guard<py::gil_scoped_release>(),
+           "Fail every block not yet started beneath `directory` with ETIMEDOUT (its root is "
+           "degraded), without stopping; returns how many.")
       .def("stats", [](const PyEngine& e) { return stats_to_dict(e.stats()); })
       .def_property_readonly("is_shut_down", &kvtier::Engine::is_shut_down)
       .def_property_readonly("direct_io", &kvtier::Engine::direct_io)

@@ -182,6 +182,55 @@ def test_drain_returns_with_engine_resolver_and_capacity_thread_stuck(stallfs: S
     _wait_for("the capacity thread exited", lambda: not capacity[0].is_alive())
 
 
+def test_drain_returns_with_more_jobs_queued_than_workers_can_be_replaced(
+    stallfs: StallFS,
+) -> None:
+    """Five stores and five loads queued on a frozen mount with 1 + 1 workers: past the
+    engine's replacement cap they would wait for a stuck worker to return. The first timeout
+    degrades the root, and the engine fails every block it has not started, so drain_jobs()
+    returns with every job reported. A failed load never runs later: after the thaw, once the
+    stuck workers returned, the rows it was to fill are untouched."""
+    root = stallfs.mountpoint / "root"
+    buf = np.zeros((ROWS, ROW), dtype=np.uint8)
+    for r in range(ROWS):
+        buf[r, :] = r % 251
+    tier = FileSystemTierManager(
+        SPEC,
+        memoryview(buf),
+        "fs",
+        root_dir=str(root),
+        n_read_threads=1,
+        n_write_threads=1,
+        io_timeout_s=TIMEOUT,
+    )
+    try:
+        # Files for the loads, written from rows 40..44 while the mount answers.
+        present = [_key(40 + i) for i in range(5)]
+        tier.submit_store(_job(100, present, [40 + i for i in range(5)]))
+        assert _collect(tier, {100})[100].success
+        stallfs.freeze("all")
+        stores, loads = list(range(1, 6)), list(range(11, 16))
+        for j in stores:
+            tier.submit_store(_job(j, [_key(j)], [j]))
+        for i, j in enumerate(loads):  # into rows 20..24, which hold other bytes
+            tier.submit_load(_job(j, [present[i]], [20 + i]))
+        guarded(tier.drain_jobs, "drain_jobs with more jobs queued than workers replaced")
+        results = {r.job_id: r for r in tier.get_finished()}  # drained: ready at once
+        assert set(results) == set(stores + loads)
+        for r in results.values():
+            assert not r.success and f"errno {errno.ETIMEDOUT}" in (r.error or ""), r.error
+        assert all(results[j].successful_keys == [] for j in loads)
+        assert tier.health == "degraded"
+    finally:
+        stallfs.thaw()
+    # Back from the kernel, the abandoned workers exit; nothing failed is left to run.
+    _wait_for("the stuck workers returned", lambda: tier.stats()["workers_stuck"] == 0)
+    guarded(tier.shutdown, "shutdown")
+    assert tier.stats()["queued_loads"] == tier.stats()["queued_stores"] == 0
+    for i in range(5):
+        assert (buf[20 + i] == 20 + i).all(), f"row {20 + i} written after its load was reported"
+
+
 def test_drain_answers_stores_waiting_for_budget_when_the_capacity_thread_is_stuck(
     stallfs: StallFS,
 ) -> None:

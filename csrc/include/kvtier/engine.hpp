@@ -97,6 +97,11 @@ class KVTIER_EXPORT Engine {
   /// completion is then poppable. Jobs submitted during the wait are not waited for, so
   /// drain() returns even while other threads keep submitting.
   void drain();
+  /// drain() for at most `timeout_s` seconds: true when every job submitted before the call
+  /// has completed, false when the time ran out first (for a caller that must act meanwhile,
+  /// e.g. collect completions that tell it the storage stalled). Throws
+  /// std::invalid_argument for a negative or NaN `timeout_s`.
+  bool drain_for(double timeout_s);
 
   /// Stops the workers: running block operations finish, every block not yet started fails
   /// with ECANCELED (its job is still reported), threads are joined. With io_timeout_s > 0 an
@@ -106,6 +111,18 @@ class KVTIER_EXPORT Engine {
   void shutdown();
 
   bool is_shut_down() const noexcept;
+
+  /// Fails every block not yet started whose path lies beneath `directory` (an absolute
+  /// path, compared as a string: a trailing slash is ignored) with ETIMEDOUT, without
+  /// stopping the engine: queued loads and stores, and loads waiting for a store of their
+  /// path. For a caller that found the storage under `directory` stalled (the Python tiers
+  /// call it when a root becomes degraded): those blocks would otherwise wait for workers
+  /// stuck in the kernel. A job is reported at once when that leaves none of its blocks to
+  /// run; blocks already running keep their deadline (io_timeout_s), blocks elsewhere run as
+  /// usual, and a failed block never runs later. Returns how many blocks failed (0 after
+  /// shutdown()). Throws std::invalid_argument for an empty `directory`, ForkedProcessError
+  /// in a forked child.
+  std::size_t fail_unstarted(const std::string& directory);
 
   /// Whether block files are opened with O_DIRECT (after the probe of ODirectMode::kAuto).
   bool direct_io() const noexcept;

@@ -15,6 +15,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -380,6 +381,15 @@ void Engine::drain() {
   s.scheduler->drain();
 }
 
+bool Engine::drain_for(double timeout_s) {
+  Impl& s = *impl_;
+  if (s.inherited()) s.refuse_inherited();
+  if (!(timeout_s >= 0)) throw std::invalid_argument("drain_for: timeout_s must be >= 0");
+  // Capped at a day: converting a huge double to the clock's ticks would overflow.
+  const auto limit = std::chrono::duration<double>(std::min(timeout_s, 86400.0));
+  return s.scheduler->drain_for(std::chrono::duration_cast<detail::Clock::duration>(limit));
+}
+
 void Engine::shutdown() {
   Impl& s = *impl_;
   if (s.inherited()) return;  // nothing of it runs in this process: nothing to stop
@@ -392,6 +402,15 @@ void Engine::shutdown() {
   // abandoned worker may still resolve a path from it when the kernel returns: then the last
   // of them closes it (SharedIo).
   if (s.shared->gauges.workers_stuck() == 0) s.root = detail::RootDir();
+}
+
+std::size_t Engine::fail_unstarted(const std::string& directory) {
+  Impl& s = *impl_;
+  if (s.inherited()) s.refuse_inherited();
+  if (directory.empty()) throw std::invalid_argument("fail_unstarted: directory must not be empty");
+  std::string_view dir = directory;
+  while (dir.size() > 1 && dir.back() == '/') dir.remove_suffix(1);
+  return s.scheduler->fail_unstarted(dir);
 }
 
 bool Engine::is_shut_down() const noexcept {

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <kvtier/job.hpp>
@@ -49,6 +51,9 @@ struct Job {
   // Scheduling state: the submission order (for drain()), the neighbours in the scheduler's
   // list of incomplete jobs, the next block a worker takes while the job is queued, and (loads
   // only) one parking link per block, allocated at submit.
+  // A queued job's blocks from next_block on have not started; among them a nonzero
+  // block_errnos entry marks one failed before it started (Scheduler::fail_unstarted), which
+  // no worker may take: next_block never rests on one.
   std::uint64_t seq = 0;
   Job* older = nullptr;
   Job* newer = nullptr;
@@ -80,6 +85,14 @@ struct Task {
 
   const BlockOp& op() const noexcept { return job->blocks[index]; }
 };
+
+/// Whether `path` names an entry beneath `directory` (given without a trailing slash, or as
+/// "/"), comparing strings as the read-after-write tracker does. Never allocates.
+inline bool path_beneath(const std::string& path, std::string_view directory) noexcept {
+  return !directory.empty() && path.size() > directory.size() &&
+         path.compare(0, directory.size(), directory) == 0 &&
+         (directory.back() == '/' || path[directory.size()] == '/');
+}
 
 /// Checks the blocks of a job before anything is allocated for it; returns whether any
 /// segment is device memory. Throws std::invalid_argument for an empty path, null data or

@@ -42,6 +42,14 @@ struct ParkedList {
     size += other.size;
     other = ParkedList{};
   }
+  /// Moves the loads for which `match(const ParkedLoad&)` holds to the end of `out`, keeping
+  /// the order of both lists.
+  template <class Match>
+  void extract_if(Match match, ParkedList& out) noexcept {
+    ParkedList kept;
+    while (ParkedLoad* p = pop()) (match(*p) ? out : kept).push(p);
+    *this = kept;
+  }
 };
 
 }  // namespace kvtier::detail

@@ -41,4 +41,12 @@ void PendingStores::unpark_all(ParkedList& ready) noexcept {
   }
 }
 
+void PendingStores::unpark_beneath(std::string_view directory, ParkedList& out) noexcept {
+  for (auto& [path, pending] : paths_) {
+    if (!path_beneath(path, directory)) continue;
+    parked_ -= pending.parked.size;
+    out.append(pending.parked);
+  }
+}
+
 }  // namespace kvtier::detail

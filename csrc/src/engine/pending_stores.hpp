@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "engine/job.hpp"
@@ -36,6 +37,10 @@ class PendingStores {
 
   /// Moves every parked load to the end of `ready` (at shutdown); the stores stay pending.
   void unpark_all(ParkedList& ready) noexcept;
+
+  /// Moves the loads parked on paths beneath `directory` (path_beneath) to the end of `out`;
+  /// the stores stay pending.
+  void unpark_beneath(std::string_view directory, ParkedList& out) noexcept;
 
  private:
   struct Path {

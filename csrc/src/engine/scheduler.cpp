@@ -56,19 +56,35 @@ void Scheduler::enqueue(Job& job) {
 }
 
 void Scheduler::drain() {
+  drain_for(Clock::duration::max());
+}
+
+bool Scheduler::drain_for(Clock::duration limit) {
+  const bool forever = limit == Clock::duration::max();
+  const Clock::time_point until = forever ? Clock::time_point::max() : Clock::now() + limit;
+  const auto wait = [&](std::unique_lock<std::mutex>& lock, auto done) {
+    if (forever) {
+      drained_.wait(lock, done);
+      return true;
+    }
+    return drained_.wait_until(lock, until, done);
+  };
   std::unique_lock lock(mutex_);
   // Jobs submitted later (by other threads) get a larger seq and are not waited for, so a
   // steady stream of new work cannot hold drain() forever.
   const std::uint64_t horizon = last_seq_;
   ++drain_waiters_;
-  drained_.wait(lock, [&] { return drained_through(horizon); });
+  bool drained = wait(lock, [&] { return drained_through(horizon); });
   // Every job up to the horizon is in the completion queue now, but a publication that began
   // earlier may still be between its two steps (MpscQueue::push), and until it links its
   // node the consumer cannot reach the nodes pushed after it. Those are few and end within
   // instructions; publications that begin from now on are not waited for.
-  const std::uint64_t begun = last_ticket_;
-  drained_.wait(lock, [&] { return !publishing_begun_by(begun); });
+  if (drained) {
+    const std::uint64_t begun = last_ticket_;
+    drained = wait(lock, [&] { return !publishing_begun_by(begun); });
+  }
   --drain_waiters_;
+  return drained;
 }
 
 // Whether a publication that began at or before `ticket` is still under way.
@@ -100,6 +116,59 @@ void Scheduler::stop() noexcept {
   }
   work_available_.notify_all();
   load_available_.notify_all();
+}
+
+std::size_t Scheduler::fail_unstarted(std::string_view directory) noexcept {
+  std::lock_guard lock(mutex_);
+  const auto beneath = [directory](const ParkedLoad& p) {
+    return path_beneath(p.job->blocks[p.index].path, directory);
+  };
+  // Parked and ready loads are moved out first, as in stop(): failing a store of their path
+  // (which releases it) then makes none of them ready. A parked load's path is its store's,
+  // so the loads a released path makes ready are never beneath `directory`.
+  ParkedList doomed;
+  pending_.unpark_beneath(directory, doomed);
+  ready_loads_.extract_if(beneath, doomed);
+  std::size_t failed = doomed.size;
+  while (ParkedLoad* p = doomed.pop()) fail_before_start({p->job, p->index});
+  failed += fail_queued(loads_, queued_loads_, directory);
+  failed += fail_queued(stores_, queued_stores_, directory);
+  return failed;
+}
+
+// The blocks beneath `directory` of the jobs in `queue` (mutex held). A job's queue entry and
+// cursor are settled before any of its blocks is failed: failing its last one publishes it,
+// and from then on the job is the consumer's.
+std::size_t Scheduler::fail_queued(std::deque<Job*>& queue, std::size_t& queued,
+                                   std::string_view directory) noexcept {
+  // Not started and not failed yet: the blocks this call fails.
+  const auto doomed = [directory](const Job& job, std::size_t i) {
+    return job.block_errnos[i] == 0 && path_beneath(job.blocks[i].path, directory);
+  };
+  std::size_t failed = 0;
+  for (auto it = queue.begin(); it != queue.end();) {
+    Job* job = *it;
+    const std::size_t first = job->next_block, n = job->blocks.size();
+    std::size_t count = 0;
+    for (std::size_t i = first; i < n; ++i) count += doomed(*job, i) ? 1 : 0;
+    if (count == 0) {
+      ++it;
+      continue;
+    }
+    while (job->next_block < n && (job->block_errnos[job->next_block] != 0 ||
+                                   doomed(*job, job->next_block)))
+      ++job->next_block;
+    it = job->next_block == n ? queue.erase(it) : it + 1;  // erasing pointers never throws
+    queued -= count;
+    failed += count;
+    // Only the last of them can complete (and publish) the job: the loop ends with it.
+    for (std::size_t i = first; count > 0; ++i)
+      if (doomed(*job, i)) {
+        --count;
+        fail_before_start({job, i});
+      }
+  }
+  return failed;
 }
 
 bool Scheduler::stopped() const {
@@ -383,6 +452,9 @@ void Scheduler::park_blocked_loads() noexcept {
 Task Scheduler::take_front(std::deque<Job*>& queue, std::size_t& queued) noexcept {
   Job* job = queue.front();
   Task task{job, job->next_block++};
+  // Blocks failed before they started (fail_unstarted) were reported already: skipped.
+  while (job->next_block < job->blocks.size() && job->block_errnos[job->next_block] != 0)
+    ++job->next_block;
   if (job->next_block == job->blocks.size()) queue.pop_front();
   --queued;
   return task;
@@ -482,6 +554,17 @@ void Scheduler::cancel(const Task& task) noexcept {
   r.error = ECANCELED;
   r.operation = "cancel";
   r.note = "engine shut down before the block operation started";
+  if (Job* job = finish_block(task, std::move(r))) completions_.publish(job);
+}
+
+// A block that never started, beneath a root the caller found degraded (fail_unstarted); its
+// job is published at once when this was its last block (mutex held).
+void Scheduler::fail_before_start(const Task& task) noexcept {
+  BlockResult r;
+  r.error = ETIMEDOUT;
+  r.operation = task.job->is_load() ? "load" : "store";
+  r.note = "root is degraded (its storage stopped answering); the block operation failed "
+           "before it started";
   if (Job* job = finish_block(task, std::move(r))) completions_.publish(job);
 }
 

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <atomic>
+#include <string_view>
 #include <unordered_set>
 
 #include <kvtier/engine.hpp>
@@ -160,12 +161,21 @@ class Scheduler {
   /// Blocks until every job submitted before the call has completed and its completion is
   /// poppable; jobs submitted meanwhile are not waited for.
   void drain();
+  /// drain() for at most `limit`; false when it gave up before (nothing else changes then).
+  bool drain_for(Clock::duration limit);
 
   /// Stops: submit() refuses from now on, every block not started fails with ECANCELED (its
   /// job is still reported), and next_batch() returns false once nothing is left to take.
   /// Idempotent.
   void stop() noexcept;
   bool stopped() const;
+
+  /// Fails every block not started whose path lies beneath `directory` (path_beneath):
+  /// queued loads and stores, loads parked behind a store or ready to run, each with
+  /// ETIMEDOUT ("the root is degraded"); a job whose last block that was is reported at once.
+  /// Blocks running are left to their deadline; other blocks of the same jobs run as usual.
+  /// The engine keeps running. Returns how many blocks failed. Nothing here allocates.
+  std::size_t fail_unstarted(std::string_view directory) noexcept;
 
   /// The queue and running counts, the counters and the jobs in flight.
   void stats(EngineStats& out) const;
@@ -217,6 +227,9 @@ class Scheduler {
   void release_store(const std::string& path) noexcept;
   Job* finish_block(const Task& task, BlockResult result) noexcept;
   void cancel(const Task& task) noexcept;
+  void fail_before_start(const Task& task) noexcept;
+  std::size_t fail_queued(std::deque<Job*>& queue, std::size_t& queued,
+                          std::string_view directory) noexcept;
   void link_incomplete(Job* job) noexcept;
   void complete_job(Job* job) noexcept;
   void link_running(Batch& batch) noexcept;

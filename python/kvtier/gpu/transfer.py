@@ -113,10 +113,11 @@ class GPUStorageTransfer(EngineIoReport):
             self, _close, self._capacity, self._owner_pid, opts.io_timeout_s
         )
         # The root's health, shared with the fs tiers of this process on it (fs/health.py):
-        # while it is degraded, stores and loads fail at once.
+        # while it is degraded, stores and loads fail at once, and when it degrades the engine
+        # fails what it has not started.
         self._health: RootHealth
         self._health, self._health_finalizer = join_root_for(
-            self, self._capacity, opts.io_timeout_s
+            self, self._capacity, opts.io_timeout_s, self._engine, self.file_mapper.rank_dir
         )
         self._epochs: dict[JobId, int] = {}  # health epoch at submission, by job
         self._keys: dict[JobId, tuple[OffloadKey, ...]] = {}
@@ -276,6 +277,10 @@ class GPUStorageTransfer(EngineIoReport):
                     "GPUStorageTransfer is shut down; store/load refused (create a new one)"
                 ) from e
             raise
+        if self._health.degraded:
+            # Degraded since the job was let through: the engine failed what it had not
+            # started before this job got there (RootHealth.report_timeout); fail it too.
+            self._engine.fail_unstarted(self.file_mapper.rank_dir)
 
     @owner_process_only
     def get_finished(self) -> list[JobResult]:

@@ -319,8 +319,11 @@ class KvtierHiCacheStorage(HiCacheStorage):
         weakref.finalize(self, capacity.close)
         self._capacity = capacity
         # The root's health, shared with kvtier's other users of the root in this process
-        # (fs/health.py): while it is degraded, exists() misses and get/set fail at once.
-        self._health, self._leave_health = join_root_for(self, capacity, self.options.io_timeout_s)
+        # (fs/health.py): while it is degraded, exists() misses and get/set fail at once, and
+        # when it degrades the engine fails what it has not started.
+        self._health, self._leave_health = join_root_for(
+            self, capacity, self.options.io_timeout_s, engine, mapper.rank_dir
+        )
         self.file_mapper, self._pool_layout = mapper, pool_layout
         self._waiter = _JobWaiter(engine)
         self._engine = engine
@@ -361,7 +364,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         """Submit one job for the blocks at ``paths`` through ``submit(engine, job_id)``, wait
         for it, per-block results. A store first takes budget for its pages; a store refused
         for budget fails every page (no I/O)."""
-        engine, _, pool_layout = self._ready()
+        engine, mapper, pool_layout = self._ready()
         assert self._waiter is not None and self._capacity is not None
         assert self._health is not None
         capacity, health = self._capacity, self._health
@@ -383,6 +386,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
             if not is_load and paths:
                 capacity.finish_store(len(paths), 0, paths)
             raise
+        if health.degraded:  # degraded since the check: failed like the rest of the queue
+            engine.fail_unstarted(mapper.rank_dir)
         c = self._waiter.wait(job_id)
         if not c.success:
             self._failure_log.error("Job %s block I/O failed: %s", job_id, c.error)

@@ -123,6 +123,10 @@ _COUNTERS = {
     "io_timeouts": "kvtier block operations that missed their deadline (io_timeout_s).",
     "workers_replaced": "kvtier I/O workers replaced because they were stuck in the kernel.",
     "degraded_jobs": "kvtier jobs failed at once because the root was degraded.",
+    "lookup_timeouts": "kvtier lookups whose check did not answer by io_timeout_s (answered "
+    "absent).",
+    "ledger_close_failures": "Closes of kvtier's usage-ledger files that failed (counted, "
+    "never raised; the descriptor is released all the same).",
 }
 _METRIC_PREFIX = "vllm:kvtier_"
 _METRIC_LABELS = ("root_dir",)

@@ -131,6 +131,7 @@ def test_storage_metrics_count_pages_per_batch(tmp_path: Path, make_backend: Mak
     stats = backend.get_stats()
     assert (stats.backup_pgs, stats.prefetch_pgs) == ([3], [2])
     assert all(bw > 0 for bw in stats.backup_bandwidth + stats.prefetch_bandwidth)
+    assert {"io_timeouts", "ledger_close_failures", "health"} <= stats.kvtier_stats.keys()
     assert backend.get_stats().backup_pgs == [], "each call reports what happened since the last"
 
 

@@ -10,11 +10,16 @@ by its own first timeout.
 Nothing here ever waits on the storage on a caller's thread. The probe runs on a thread of
 its own; a monitor thread waits for it at most its deadline and, when the probe is stuck in
 the kernel, abandons it and starts no other probe until it has returned.
+
+When the root degrades, each member's engine fails the blocks it has not started beneath the
+root (``Engine.fail_unstarted``): they would only wait for workers stuck in the stall, and
+past the engine's replacement cap for ever, so ``drain_jobs()`` would not be bounded.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import secrets
@@ -65,6 +70,8 @@ class RootHealth:
         self.epoch = 0
         self._members = 0
         self._probe_timeouts: list[float] = []
+        # The members' engines' Engine.fail_unstarted, bound to their directories.
+        self._on_degraded: list[Callable[[], object]] = []
         self._monitor: threading.Thread | None = None
         self._probe_stuck = False
         self.degraded_count = 0
@@ -73,17 +80,25 @@ class RootHealth:
 
     # -- members -----------------------------------------------------------------------------
 
-    def join(self, io_timeout_s: float) -> None:
+    def join(self, io_timeout_s: float, fail_unstarted: Callable[[], object] | None = None) -> None:
+        """Join with deadline ``io_timeout_s`` (0: none); ``fail_unstarted`` is called (on
+        the thread that degrades the root, never with a lock held) each time it degrades."""
         with self._cond:
             self._members += 1
             if io_timeout_s > 0:
                 self._probe_timeouts.append(io_timeout_s)
+            if fail_unstarted is not None:
+                self._on_degraded.append(fail_unstarted)
 
-    def leave(self, io_timeout_s: float) -> None:
+    def leave(
+        self, io_timeout_s: float, fail_unstarted: Callable[[], object] | None = None
+    ) -> None:
         with self._cond:
             self._members -= 1
             if io_timeout_s > 0:
                 self._probe_timeouts.remove(io_timeout_s)
+            if fail_unstarted is not None:
+                self._on_degraded.remove(fail_unstarted)
             last = self._members == 0
             if last:  # nobody probes a root without members: whoever joins next starts afresh
                 self.reason = None
@@ -122,6 +137,13 @@ class RootHealth:
                     target=self._run, name="kvtier-health", daemon=True
                 )
                 self._monitor.start()
+            engines = list(self._on_degraded)
+        # Memory only (the engines' queues): never waits on the storage.
+        for fail_unstarted in engines:
+            try:
+                fail_unstarted()
+            except Exception as e:  # an engine shut down meanwhile fails nothing; never raise
+                logger.debug("Failing unstarted work on root %s: %s", self.root, e)
         logger.warning(
             "Root %s is degraded: %s. Lookups answer absent and its stores and loads fail at "
             "once until a probe of the root answers (first in %.0f s)",
@@ -239,14 +261,20 @@ _registry: dict[tuple[int, int], RootHealth] = {}
 _registry_lock = threading.Lock()
 
 
-def join_root(root: str, probe_dir: str, key: tuple[int, int], io_timeout_s: float) -> RootHealth:
+def join_root(
+    root: str,
+    probe_dir: str,
+    key: tuple[int, int],
+    io_timeout_s: float,
+    fail_unstarted: Callable[[], object] | None = None,
+) -> RootHealth:
     """The health of the root identified by ``key`` (its ``(st_dev, st_ino)``), joined as a
-    member with deadline ``io_timeout_s`` (0: none); :meth:`RootHealth.leave` when done."""
+    member (:meth:`RootHealth.join`); :meth:`RootHealth.leave` when done."""
     with _registry_lock:
         health = _registry.get(key)
         if health is None:
             health = _registry[key] = RootHealth(root, probe_dir, key)
-        health.join(io_timeout_s)
+        health.join(io_timeout_s, fail_unstarted)
     return health
 
 
@@ -258,20 +286,39 @@ class _BudgetedRoot(Protocol):
     identity: tuple[int, int]
 
 
+class _Engine(Protocol):
+    def fail_unstarted(self, directory: str) -> int: ...
+
+
 def join_root_for(
-    owner: object, capacity: _BudgetedRoot, io_timeout_s: float
+    owner: object,
+    capacity: _BudgetedRoot,
+    io_timeout_s: float,
+    engine: _Engine,
+    directory: str,
 ) -> tuple[RootHealth, weakref.finalize]:
     """Join the health of ``capacity``'s root on behalf of ``owner`` (a tier, a transfer, a
-    backend): returns it and the finalizer that leaves it, called by the owner's shutdown or
-    when the owner is collected. A forked child's copy never leaves: the parent's membership
-    is not the child's, and the registry lock may be held for ever there."""
-    health = join_root(capacity.root, state_dir(capacity.root), capacity.identity, io_timeout_s)
-    return health, weakref.finalize(owner, _leave, health, io_timeout_s, this_process())
+    backend) whose ``engine`` writes beneath ``directory``: returns it and the finalizer that
+    leaves it, called by the owner's shutdown or when the owner is collected. A forked
+    child's copy never leaves: the parent's membership is not the child's, and the registry
+    lock may be held for ever there."""
+    fail_unstarted = functools.partial(engine.fail_unstarted, directory)
+    health = join_root(
+        capacity.root, state_dir(capacity.root), capacity.identity, io_timeout_s, fail_unstarted
+    )
+    return health, weakref.finalize(
+        owner, _leave, health, io_timeout_s, fail_unstarted, this_process()
+    )
 
 
-def _leave(health: RootHealth, io_timeout_s: float, owner_pid: int) -> None:
+def _leave(
+    health: RootHealth,
+    io_timeout_s: float,
+    fail_unstarted: Callable[[], object],
+    owner_pid: int,
+) -> None:
     if not inherited(owner_pid):
-        health.leave(io_timeout_s)
+        health.leave(io_timeout_s, fail_unstarted)
 
 
 def _forget(health: RootHealth) -> None:

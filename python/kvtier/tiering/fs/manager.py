@@ -49,6 +49,8 @@ logger = logging.getLogger(__name__)
 # takes at most about io_timeout_s (the core's I/O deadlines), and the lookup and capacity
 # threads, stopped at the start, are waited for until the same deadline (docs/tiers.md).
 SHUTDOWN_GRACE_S = 1.0
+# How often drain_jobs() collects what finished while it waits for the engine.
+DRAIN_POLL_S = 0.05
 
 
 @dataclass
@@ -137,8 +139,9 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         # Degraded after a block operation times out, until a probe answers (fs/health.py);
         # shared with the other tiers of this process on the same root.
         self._health: RootHealth
+        # When it degrades, the engine fails what it has not started beneath the rank directory.
         self._health, self._health_finalizer = join_root_for(
-            self, self._capacity, opts.io_timeout_s
+            self, self._capacity, opts.io_timeout_s, self._engine, self.file_mapper.rank_dir
         )
         # A lookup's check that does not answer by the deadline degrades the root; once it
         # is degraded, no lookup waits for one.
@@ -253,9 +256,11 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             if is_load:
                 self._capacity.record_use([b[0] for b in blocks])
                 self._engine.submit_load(job_id, blocks)
+                self._fail_if_degraded()
                 return
             if not keys:
                 self._engine.submit_store(job_id, blocks)
+                self._fail_if_degraded()
                 return
             # Admission touches only memory; a store the budget has no room for yet is
             # submitted later from the capacity thread, or fails there (never waits here).
@@ -319,6 +324,14 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         except BaseException:
             self._capacity.finish_store(len(keys), 0, [b[0] for b in blocks])
             raise
+        self._fail_if_degraded()
+
+    def _fail_if_degraded(self) -> None:
+        """After a submit: a root that degraded since the job was let through had the engine
+        fail what it had not started before this job got there (RootHealth.report_timeout);
+        fail it now, or it waits behind workers stuck in the stall."""
+        if self._health.degraded:
+            self._engine.fail_unstarted(self.file_mapper.rank_dir)
 
     def _admission_done(self) -> None:
         with self._admissions:
@@ -423,7 +436,11 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
                 self._admissions.wait(0.01)
             self._expire_waiting()
             self._collect()
-        self._engine.drain()
+        # Collected meanwhile, a timeout degrades the root, and the engine fails every block
+        # it has not started (RootHealth.report_timeout): on a frozen mount those would wait
+        # for stuck workers, past the replacement cap for ever.
+        while not self._engine.drain_for(DRAIN_POLL_S):
+            self._collect()
         # Collect now: drained stores stop counting against max_queued_store_jobs before the
         # caller's next get_finished().
         self._collect()
