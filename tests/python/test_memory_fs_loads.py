@@ -77,6 +77,25 @@ def _store(engine, root: Path, n: int, size: int, seed: int):
     return src, paths, keys
 
 
+def _loaded_back_from_memory_fs(engine, root: Path, n: int, size: int, seed: int) -> int:
+    """Stores n blocks, loads them back into fresh rows, checks the bytes; returns how many
+    blocks took the memory path (the engine's `memory_fs_loads`)."""
+    src, paths, keys = _store(engine, root, n, size, seed)
+    dst = Buffer(n, size)
+    engine.submit_load(2, dst.blocks(paths, keys))
+    c = _collect(engine, 2)
+    assert c.success, c.error
+    assert np.array_equal(dst.rows, src.rows)
+    return int(engine.stats()["memory_fs_loads"])
+
+
+def _skip_on_memory_fs(path: Path) -> None:
+    """These tests need a directory that is not memory (the disk the tests run on)."""
+    kind = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True)
+    if kind.stdout.strip() in ("tmpfs", "ramfs"):
+        pytest.skip(f"{path} is on a memory file system here")
+
+
 @pytest.mark.parametrize("io_engine", ["psync", "io_uring"])
 @pytest.mark.parametrize("size", [256 << 10, (2 << 20) + 100])
 def test_loads_from_tmpfs_skip_the_arena_and_arrive_whole(
@@ -87,13 +106,7 @@ def test_loads_from_tmpfs_skip_the_arena_and_arrive_whole(
     engine = _core.Engine(str(tmpfs_mount), n_read_threads=2, n_write_threads=2,
                           io_engine=io_engine, io_timeout_s=10.0)  # fmt: skip
     try:
-        src, paths, keys = _store(engine, tmpfs_mount, 6, size, seed=size)
-        dst = Buffer(6, size)
-        engine.submit_load(2, dst.blocks(paths, keys))
-        c = _collect(engine, 2)
-        assert c.success, c.error
-        assert np.array_equal(dst.rows, src.rows)
-        assert engine.stats()["memory_fs_loads"] == 6
+        assert _loaded_back_from_memory_fs(engine, tmpfs_mount, 6, size, seed=size) == 6
     finally:
         engine.shutdown()
 
@@ -101,17 +114,10 @@ def test_loads_from_tmpfs_skip_the_arena_and_arrive_whole(
 def test_loads_from_a_disk_root_use_the_arena(tmp_path: Path) -> None:
     """The counter can fail: a root that is not memory (the test's own directory, a disk
     here; skipped where tmp_path is itself a tmpfs) takes the arena path."""
-    if subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True,
-                      text=True).stdout.strip() in ("tmpfs", "ramfs"):  # fmt: skip
-        pytest.skip("tmp_path is on a memory file system here")
+    _skip_on_memory_fs(tmp_path)
     engine = _core.Engine(str(tmp_path), n_read_threads=1, n_write_threads=1, io_timeout_s=10.0)
     try:
-        src, paths, keys = _store(engine, tmp_path, 3, 256 << 10, seed=1)
-        dst = Buffer(3, 256 << 10)
-        engine.submit_load(2, dst.blocks(paths, keys))
-        assert _collect(engine, 2).success
-        assert np.array_equal(dst.rows, src.rows)
-        assert engine.stats()["memory_fs_loads"] == 0
+        assert _loaded_back_from_memory_fs(engine, tmp_path, 3, 256 << 10, seed=1) == 0
     finally:
         engine.shutdown()
 
@@ -123,9 +129,7 @@ def test_a_disk_directory_bound_below_a_tmpfs_root_uses_the_arena(
     found per file, after the open: those loads go through the arena under the deadline."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["stat", "-f", "-c", "%T", str(disk)], capture_output=True,
-                      text=True).stdout.strip() in ("tmpfs", "ramfs"):  # fmt: skip
-        pytest.skip("tmp_path is on a memory file system here")
+    _skip_on_memory_fs(disk)
     below = tmpfs_mount / "blocks"
     below.mkdir()
     if subprocess.run(["mount", "--bind", str(disk), str(below)]).returncode != 0:
@@ -134,13 +138,7 @@ def test_a_disk_directory_bound_below_a_tmpfs_root_uses_the_arena(
         engine = _core.Engine(str(tmpfs_mount), n_read_threads=1, n_write_threads=1,
                               io_timeout_s=10.0)  # fmt: skip
         try:
-            src, paths, keys = _store(engine, tmpfs_mount, 3, 256 << 10, seed=2)
-            dst = Buffer(3, 256 << 10)
-            engine.submit_load(2, dst.blocks(paths, keys))
-            c = _collect(engine, 2)
-            assert c.success, c.error
-            assert np.array_equal(dst.rows, src.rows)
-            assert engine.stats()["memory_fs_loads"] == 0
+            assert _loaded_back_from_memory_fs(engine, tmpfs_mount, 3, 256 << 10, seed=2) == 0
         finally:
             engine.shutdown()
     finally:
