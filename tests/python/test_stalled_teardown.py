@@ -514,3 +514,47 @@ def test_gpu_storage_transfer_shutdown_returns_with_its_capacity_thread_stuck(
     stallfs.thaw()
     _wait_for("the capacity thread exited", lambda: not capacity[0].is_alive())
     assert _writer_locks_free(stallfs.backing / "root")
+
+
+def test_gpu_storage_transfer_drain_returns_with_more_jobs_queued_than_workers_can_be_replaced(
+    stallfs: StallFS,
+) -> None:
+    """GPUStorageTransfer.drain() collects while it waits, like the fs tier's drain_jobs():
+    the first timeout degrades the root and the engine fails what it has not started, so
+    drain() returns on a frozen mount with 5 stores and 5 loads queued behind 1 + 1 workers
+    (before, it waited in the engine for stuck workers). Every job is then handed out by
+    get_finished() exactly once, and a failed load never writes its block after the thaw."""
+    torch = pytest.importorskip("torch")
+    from kvtier.gpu import GPUStorageTransfer
+
+    root = stallfs.mountpoint / "root"
+    kv = [torch.zeros((ROWS, ROW), dtype=torch.uint8)]
+    for r in range(ROWS):
+        kv[0][r, :] = r % 251
+    transfer = GPUStorageTransfer(
+        kv, SPEC, str(root), 0, n_read_threads=1, n_write_threads=1, io_timeout_s=TIMEOUT
+    )
+    try:
+        present = [_key(40 + i) for i in range(5)]
+        transfer.store(100, [40 + i for i in range(5)], present)
+        transfer.drain()
+        assert [r.success for r in transfer.get_finished()] == [True]
+        stallfs.freeze("all")
+        stores, loads = list(range(1, 6)), list(range(11, 16))
+        for j in stores:
+            transfer.store(j, [j], [_key(j)])
+        for i, j in enumerate(loads):  # into blocks 20..24, which hold other bytes
+            transfer.load(j, [20 + i], [present[i]])
+        guarded(transfer.drain, "GPUStorageTransfer.drain with more jobs than workers replaced")
+        results = transfer.get_finished()  # drained: every job is ready at once
+        assert sorted(r.job_id for r in results) == stores + loads
+        for r in results:
+            assert not r.success and f"errno {errno.ETIMEDOUT}" in (r.error or ""), r.error
+        assert transfer.stats()["health"] == "degraded"
+        assert transfer.get_finished() == []  # handed out once
+    finally:
+        stallfs.thaw()
+    _wait_for("the stuck workers returned", lambda: transfer.stats()["workers_stuck"] == 0)
+    guarded(transfer.shutdown, "shutdown")
+    for i in range(5):
+        assert (kv[0][20 + i] == 20 + i).all(), f"block {20 + i} written after its load failed"

@@ -28,7 +28,7 @@ from kvtier.tiering.fs.capacity.controller import Deferred
 from kvtier.tiering.fs.engine import EngineIoReport, open_engine
 from kvtier.tiering.fs.file_mapper import FileMapper
 from kvtier.tiering.fs.health import RootHealth, join_root_for
-from kvtier.tiering.fs.manager import SHUTDOWN_GRACE_S
+from kvtier.tiering.fs.manager import DRAIN_POLL_S, SHUTDOWN_GRACE_S
 from kvtier.tiering.fs.oserror import naming
 from kvtier.tiering.spec import OffloadingSpec
 from kvtier.tiering.validation import check_block_ids, check_job_id, check_keys
@@ -107,7 +107,9 @@ class GPUStorageTransfer(EngineIoReport):
         self._capacity = CapacityController(
             opts.root_dir, opts.capacity_policy(), self.block_bytes, opts.file_mode
         )
-        self._refused: list[JobResult] = []
+        # Results answered here and not handed out yet: stores refused for budget or health,
+        # and jobs drain() collected from the engine (see drain()).
+        self._ready: list[JobResult] = []
         # Stop the capacity thread even if the transfer is dropped without shutdown().
         self._finalizer = weakref.finalize(
             self, _close, self._capacity, self._owner_pid, opts.io_timeout_s
@@ -235,7 +237,7 @@ class GPUStorageTransfer(EngineIoReport):
         self._failure_log.error("Job %s block I/O failed: %s", job_id, error)
         with self._lock:  # the id stays taken until get_finished() hands this out
             self._epochs.pop(job_id, None)
-            self._refused.append(
+            self._ready.append(
                 JobResult(job_id, False, successful_keys=[] if load else None, error=error)
             )
 
@@ -286,13 +288,19 @@ class GPUStorageTransfer(EngineIoReport):
     def get_finished(self) -> list[JobResult]:
         """Every submitted job exactly once, as it finishes; never blocks. Safe from several
         threads at once: each job reaches exactly one caller."""
+        self._collect()
         with self._lock:
-            results, self._refused = self._refused, []
+            results, self._ready = self._ready, []
             for r in results:
                 del self._keys[r.job_id]
+        return results
+
+    def _collect(self) -> None:
+        """Moves the jobs the engine finished into the results get_finished() hands out
+        (their ids stay taken until then); a timeout among them degrades the root."""
         for c in self._engine.pop_completions():
             with self._lock:
-                keys = self._keys.pop(c.job_id, ())
+                keys = self._keys.get(c.job_id, ())
                 epoch = self._epochs.pop(c.job_id, -1)
                 admitted = self._admitted_jobs.pop(c.job_id, None)
             if admitted is not None:  # c.bytes counts the payload of each file the store created
@@ -313,27 +321,32 @@ class GPUStorageTransfer(EngineIoReport):
                 successful = [k for k, e in zip(keys, c.block_errnos) if e == 0]
             if not c.success:
                 self._failure_log.error("Job %s block I/O failed: %s", c.job_id, c.error)
-            results.append(
-                JobResult(
-                    c.job_id,
-                    c.success,
-                    successful_keys=successful,
-                    transfer_bytes=c.bytes,
-                    transfer_time=c.seconds,
-                    error=c.error,
-                )
+            result = JobResult(
+                c.job_id,
+                c.success,
+                successful_keys=successful,
+                transfer_bytes=c.bytes,
+                transfer_time=c.seconds,
+                error=c.error,
             )
-        return results
+            with self._lock:
+                self._ready.append(result)
 
     @owner_process_only
     def drain(self) -> None:
         """Block until every job submitted before the call has finished (results stay for
         get_finished); jobs submitted meanwhile by other threads are not waited for. Stores
-        waiting for budget are waited for too (answered within STORE_WAIT_SECONDS)."""
+        waiting for budget are waited for too (answered within STORE_WAIT_SECONDS). On a
+        frozen mount it returns within about two ``io_timeout_s`` (docs/tiers.md, "When
+        storage stalls")."""
         with self._admissions:
             while self._admitting:
                 self._admissions.wait(0.01)
-        self._engine.drain()
+        # Collected meanwhile (and kept for get_finished()), a timeout degrades the root, and
+        # the engine fails every block it has not started (RootHealth.report_timeout): on a
+        # frozen mount those would wait for stuck workers, past the replacement cap for ever.
+        while not self._engine.drain_for(DRAIN_POLL_S):
+            self._collect()
 
     def shutdown(self) -> None:
         """Running block operations finish, queued ones fail (ECANCELED); idempotent."""
