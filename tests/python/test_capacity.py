@@ -808,6 +808,31 @@ def test_shutdown_releases_every_descriptor_and_the_volume_unmounts(tmpfs_mount)
     assert umount.returncode == 0, umount.stderr
 
 
+def test_a_tier_alone_on_a_removed_state_directory_recounts_and_stores_on(tmp_path):
+    """Alone on its root, a tier whose .kvtier/ was removed rejoins with no count; until a
+    scan counts the root, the file system's used bytes stand in for it, so the rejoin must
+    scan at once. (It waited for the periodic recount, and stores failed with ENOSPC "used
+    0 B" meanwhile, wherever the file system held more than the budget.)"""
+    root = tmp_path / "root"
+    root.mkdir()
+    budget = 24 * FILE
+    # The file system holds more than the budget, whatever else is on it.
+    (tmp_path / "ballast").write_bytes(b"\xa5" * (2 * budget))
+    t = Tier(root, max_bytes=budget, min_free_fraction=0)
+    try:
+        for i in range(3 * 24):  # past the first reservations: the count decides
+            assert t.store(i).success
+        shutil.rmtree(root / STATE_DIR_NAME)
+        wait_for(lambda: len(ledger(root).writers) == 1, "the tier to rejoin")
+        for i in range(100, 100 + 3 * 24):
+            r = t.store(i)
+            assert r.success, r.error
+        wait_for(settled(t.tier), "the tier idle")
+        assert disk_bytes(root) <= budget
+    finally:
+        t.close()
+
+
 def test_a_replaced_state_directory_is_rejoined(tmp_path):
     """A tier whose .kvtier/ was removed under it joins the new one: tiers started later
     see it, and usage stays within the budget."""

@@ -342,10 +342,13 @@ class CapacityController:
 
     def _refusal(self, need: int, why: str, code: int = errno.ENOSPC) -> str:
         budget = self.policy.max_bytes
+        # Before a first scan has counted the root, the file system's used bytes stand in for
+        # the count (LedgerState.bounded_used): "used 0 B" alone would hide why.
+        uncounted = "" if self._state.complete else ", the root not counted yet by a scan"
         return (
             f"{os.strerror(code)} (errno {code}): {why} (need {format_size(need)}, "
             f"used {format_size(self._state.used)} of max_bytes "
-            f"{'unlimited' if budget is None else format_size(budget)}, "
+            f"{'unlimited' if budget is None else format_size(budget)}{uncounted}, "
             f"eviction={self.policy.eviction!r})"
         )
 
@@ -447,6 +450,10 @@ class CapacityController:
             self._slot.open()
             with self._lock:
                 self._added = 0
+            # Until a scan counts it, a root without a count is bounded by the file
+            # system's used bytes (LedgerState.bounded_used): without this scan now, stores
+            # would wait RECONCILE_SECONDS on a count that never comes.
+            self._recount = True
         st = os.statvfs(self.root)
         self._observe(st)
         self._state = self.ledger.read()
