@@ -175,6 +175,39 @@ def test_a_corrupt_payload_on_tmpfs_fails_and_its_file_goes(
         engine.shutdown()
 
 
+@pytest.mark.parametrize("io_timeout_s", [10.0, 0.0], ids=["deadline", "no deadline"])
+@pytest.mark.parametrize("where", ["a later piece", "the last byte"])
+def test_a_byte_flipped_past_the_first_piece_fails_the_block(
+    tmpfs_mount: Path, where: str, io_timeout_s: float
+) -> None:
+    """A file that holds only memory is read and checked 256 KiB at a time (psync_engine.cpp,
+    kCrcPieceBytes), under a deadline and without one: a flipped byte in any piece, the
+    partial last page included, fails the block; the other block of the job arrives whole."""
+    size = (1 << 20) + 100
+    engine = _core.Engine(str(tmpfs_mount), n_read_threads=1, n_write_threads=1,
+                          io_engine="psync", io_timeout_s=io_timeout_s)  # fmt: skip
+    try:
+        src, paths, keys = _store(engine, tmpfs_mount, 2, size, seed=5)
+        offset = PAGE + (3 * (256 << 10) + 777 if where == "a later piece" else size - 1)
+        with open(paths[0], "r+b") as f:
+            f.seek(offset)
+            byte = f.read(1)
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ 0x80]))
+        dst = Buffer(2, size)
+        engine.submit_load(2, dst.blocks(paths, keys))
+        c = _collect(engine, 2)
+        assert not c.success
+        assert list(c.block_errnos) == [errno.EBADMSG, 0]
+        assert c.operation == "verify" and "checksum" in c.message
+        assert np.array_equal(dst.rows[1], src.rows[1])
+        assert not paths[0].exists() and paths[1].exists()
+        # The counter tells the deadline's loads from memory (the other block) from the arena.
+        assert engine.stats()["memory_fs_loads"] == (1 if io_timeout_s else 0)
+    finally:
+        engine.shutdown()
+
+
 def test_a_truncated_file_on_tmpfs_fails_the_block(tmpfs_mount: Path) -> None:
     engine = _core.Engine(str(tmpfs_mount), n_read_threads=1, n_write_threads=1,
                           io_timeout_s=10.0)  # fmt: skip

@@ -74,6 +74,7 @@ MemoryLoad load_from_memory(const IoContext& io, WorkerContext& worker, Batch& b
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (!opened[i]) continue;  // its result says why (a missing block, a link, ...)
+    files[i].memory_only = true;
     batch.results[i] = read_load(io, worker, *batch.ops[i], files[i], batch.ready());
     batch.results[i].from_memory_fs = batch.results[i].ok();
   }

@@ -17,6 +17,7 @@
 
 #include "device/segment_copier.hpp"
 #include "fs/beneath.hpp"
+#include "fs/memory_fs.hpp"
 #include "io/block_file.hpp"
 #include "io/block_header.hpp"
 #include "io/posix_io.hpp"
@@ -124,18 +125,77 @@ void verify(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, Read
                               op.payload_length(), out.header);
 }
 
+// A file that holds only memory is read in pieces of this size, each piece's CRC32C taken
+// right after it lands, while it is still in the core's cache: reading a whole large block
+// first and checking it after reads every byte back from memory a second time
+// (docs/PERFORMANCE.md, "Loads from memory: the CRC in pieces"). A multiple of kAlignment, so
+// every piece of an O_DIRECT read stays aligned.
+constexpr std::size_t kCrcPieceBytes = 256 * 1024;
+static_assert(kCrcPieceBytes % kAlignment == 0);
+
+// preadv_full of `iov` from offset 0, kCrcPieceBytes at a time; `crc` is the CRC32C of the
+// file bytes in [kHeaderSize, crc_end) that were read. `got` as preadv_full's bytes_read.
+// A piece takes the rest where less than half a piece would be left after it: a 256 KiB
+// payload behind its 4 KiB header is one read, not a second system call for 4 KiB.
+int preadv_with_crc(int fd, const std::vector<iovec>& iov, std::size_t crc_end,
+                    std::uint32_t& crc, std::size_t& got) {
+  crc = 0;
+  got = 0;
+  std::size_t left = 0;
+  for (const iovec& v : iov) left += v.iov_len;
+  std::vector<iovec> piece;
+  piece.reserve(iov.size());
+  std::size_t next = 0;    // the iovec the next piece starts in,
+  std::size_t within = 0;  // and how far into it
+  while (next < iov.size()) {
+    piece.clear();
+    const std::size_t limit = left < kCrcPieceBytes + kCrcPieceBytes / 2 ? left : kCrcPieceBytes;
+    left -= limit;
+    std::size_t length = 0;
+    while (next < iov.size() && length < limit) {
+      const std::size_t take = std::min(iov[next].iov_len - within, limit - length);
+      piece.push_back({static_cast<unsigned char*>(iov[next].iov_base) + within, take});
+      length += take;
+      within += take;
+      if (within == iov[next].iov_len) {
+        ++next;
+        within = 0;
+      }
+    }
+    const std::size_t start = got;
+    std::size_t n = 0;
+    if (int e = preadv_full(fd, piece, static_cast<off_t>(start), n)) return e;
+    got += n;
+    // What landed of this piece, clipped to the payload's CRC range.
+    std::size_t at = start;
+    for (const iovec& v : piece) {
+      const std::size_t lo = std::max(at, kHeaderSize);
+      const std::size_t hi = std::min({at + v.iov_len, got, crc_end});
+      if (lo < hi) crc = crc32c(static_cast<unsigned char*>(v.iov_base) + (lo - at), hi - lo, crc);
+      at += v.iov_len;
+    }
+    if (n < length) return 0;  // end of file: the caller compares `got`
+  }
+  return 0;
+}
+
 // Header and a host payload in place (contiguous or segments) in one vectored call; with
 // O_DIRECT, which cannot read a partial page, a partial last page lands in the tail page.
+// `by_piece` (a file that holds only memory): in pieces, each checked as it lands.
 ReadOutcome read_in_place(const IoContext& ctx, WorkerContext& worker, int fd, bool direct,
-                          const BlockOp& op, const std::vector<Segment>& payload, bool want_crc) {
+                          const BlockOp& op, const std::vector<Segment>& payload, bool want_crc,
+                          bool by_piece) {
   ReadOutcome out;
   std::size_t tail = 0;
   std::vector<iovec> iov = file_iov(worker.header.data(), worker.tail.data(), payload, direct,
                                     /*store=*/false, tail);
   const std::size_t total = op.payload_length();
   const std::size_t want = kHeaderSize + total - tail + (tail > 0 ? kAlignment : 0);
+  const bool crc_by_piece = want_crc && by_piece;
   std::size_t got = 0;
-  if (int e = preadv_full(fd, std::move(iov), 0, got)) {
+  const int e = crc_by_piece ? preadv_with_crc(fd, iov, kHeaderSize + total - tail, out.crc, got)
+                             : preadv_full(fd, std::move(iov), 0, got);
+  if (e != 0) {
     out.error = {e, "pread"};
   } else if (got < want) {
     out.short_read = true;
@@ -143,10 +203,11 @@ ReadOutcome read_in_place(const IoContext& ctx, WorkerContext& worker, int fd, b
     if (tail > 0) {
       const Segment& last = *std::find_if(payload.rbegin(), payload.rend(),
                                           [](const Segment& seg) { return seg.length > 0; });
-      std::memcpy(static_cast<unsigned char*>(last.address) + last.length - tail,
-                  worker.tail.data(), tail);
+      auto* dest = static_cast<unsigned char*>(last.address) + last.length - tail;
+      std::memcpy(dest, worker.tail.data(), tail);
+      if (crc_by_piece) out.crc = crc32c(dest, tail, out.crc);
     }
-    if (want_crc) out.crc = payload_crc(payload);
+    if (want_crc && !crc_by_piece) out.crc = payload_crc(payload);
     verify(ctx, worker, op, out);
   }
   return out;
@@ -278,7 +339,8 @@ BlockResult read_load_impl(const IoContext& ctx, WorkerContext& worker, const Bl
   ReadOutcome read = staged
                          ? read_segments(ctx, worker, fd, op, *staged, want_crc, ready)
                          : read_in_place(ctx, worker, fd, file.direct, op,
-                                         in_place_payload(op, scratch), want_crc && !crc_in_copy);
+                                         in_place_payload(op, scratch), want_crc && !crc_in_copy,
+                                         file.memory_only);
   if (read.error) {
     BlockResult r =
         failure(read.error.error, read.error.operation, op.path, std::move(read.error.message));
@@ -307,6 +369,8 @@ BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const B
   BlockResult result;
   OpenedLoad file;
   if (!open_load_impl(ctx, op, file, result)) return result;
+  // Engines whose root is not memory (asked once, at start) never ask per file.
+  file.memory_only = ctx.root_in_memory && reads_only_memory(file.fd.get());
   return read_load_impl(ctx, worker, op, file, ready, plan);
 }
 

@@ -36,6 +36,10 @@ struct OpenedLoad {
   struct stat st{};
   bool direct = false;     ///< opened with O_DIRECT
   bool fell_back = false;  ///< O_DIRECT was refused and the file opened buffered instead
+  /// The file holds only memory (reads_only_memory; load_block asks, the worker's loads from
+  /// memory set it): read_load reads it in pieces, checking each as it lands, where a read is
+  /// a copy and the pieces cost no storage round trips.
+  bool memory_only = false;
 };
 
 /// load_block's first steps: opens op.path below the root (O_DIRECT where the engine uses it,
