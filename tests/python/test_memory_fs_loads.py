@@ -122,6 +122,26 @@ def test_loads_from_a_disk_root_use_the_arena(tmp_path: Path) -> None:
         engine.shutdown()
 
 
+def test_a_second_tmpfs_mounted_below_a_tmpfs_root_is_asked_per_file(tmpfs_mount: Path) -> None:
+    """A file on another file system than the root's (its st_dev differs) is asked itself
+    (fstatfs), not judged by the root's type learnt at start: a tmpfs of its own below a tmpfs
+    root still loads from memory, every block of the batch."""
+    below = tmpfs_mount / "blocks"
+    below.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(below)]).returncode:
+        pytest.skip("cannot mount a tmpfs")
+    try:
+        assert os.stat(below).st_dev != os.stat(tmpfs_mount).st_dev
+        engine = _core.Engine(str(tmpfs_mount), n_read_threads=1, n_write_threads=1,
+                              io_timeout_s=10.0)  # fmt: skip
+        try:
+            assert _loaded_back_from_memory_fs(engine, tmpfs_mount, 3, 256 << 10, seed=3) == 3
+        finally:
+            engine.shutdown()
+    finally:
+        subprocess.run(["umount", "-l", str(below)])
+
+
 def test_a_disk_directory_bound_below_a_tmpfs_root_uses_the_arena(
     tmpfs_mount: Path, tmp_path: Path
 ) -> None:

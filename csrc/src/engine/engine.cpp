@@ -183,7 +183,7 @@ void Engine::Impl::make_io_context() {
   io.direct = direct;
   io.io_engine = io_engine;
   io.root = &root;
-  io.root_in_memory = detail::reads_only_memory(root.fd());
+  io.root_memory = detail::RootMemory::of(root.fd());
   io.directory_mode = kvtier::directory_mode(settings.file_mode);
   io.staging = &staging;
   io.cuda = cuda;

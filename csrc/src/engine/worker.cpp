@@ -50,7 +50,8 @@ enum class MemoryLoad { kDone, kAbandoned, kNotMemory };
 // and the watchdog never times out a claimed batch: such a job is reported when the reads
 // return, never before. What the deadline bounds is kept by the files: the opens (path
 // resolution, any file system) run inside the kernel phase under the deadline, and only a
-// file that reads_only_memory is read after the claim, where a read is a copy out of memory.
+// file that holds only memory (RootMemory::holds) is read after the claim, where a read is a
+// copy out of memory.
 //
 // kNotMemory: some file is elsewhere (a file system mounted below the root, swap switched
 // on, device memory to fill); the files are closed and the batch is left claimed, for the
@@ -61,11 +62,12 @@ MemoryLoad load_from_memory(const IoContext& io, WorkerContext& worker, Batch& b
     if (!payload_in_host_memory(*batch.ops[i])) return MemoryLoad::kNotMemory;
   OpenedLoad files[kMaxBatchBlocks];
   bool opened[kMaxBatchBlocks] = {};
+  const bool root_now = io.root_memory.now();  // swap, asked once for the batch
   bool memory = true;
   batch.enter_kernel();
   for (std::size_t i = 0; i < n && memory; ++i) {
     opened[i] = open_load(io, *batch.ops[i], files[i], batch.results[i]);
-    memory = !opened[i] || reads_only_memory(files[i].fd.get());
+    memory = !opened[i] || io.root_memory.holds(files[i].fd.get(), files[i].st, root_now);
   }
   if (!batch.claim()) return MemoryLoad::kAbandoned;
   if (!memory) {
@@ -91,7 +93,7 @@ MemoryLoad load_from_memory(const IoContext& io, WorkerContext& worker, Batch& b
 // with the header's before the block counts as loaded. Device loads are checked in the
 // arena by the I/O engine before the copy, so only verified bytes reach device memory.
 bool run_owned(const IoContext& io, WorkerContext& worker, OwnedPayloads& owned, Batch& batch) {
-  if (batch.is_load && io.root_in_memory) {
+  if (batch.is_load && io.root_memory.possible()) {
     switch (load_from_memory(io, worker, batch)) {
       case MemoryLoad::kDone:
         return true;

@@ -18,8 +18,10 @@ void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
     }
     return;
   }
+  const bool root_memory_now = is_load && ctx.root_memory.now();  // once for the batch
   for (std::size_t i = 0; i < n; ++i)
-    results[i] = is_load ? load_block(ctx, worker, *ops[i], ready, crc ? &crc[i] : nullptr)
+    results[i] = is_load ? load_block(ctx, worker, *ops[i], ready, crc ? &crc[i] : nullptr,
+                                      root_memory_now)
                          : store_block(ctx, worker, *ops[i], ready, crc ? &crc[i] : nullptr);
 }
 

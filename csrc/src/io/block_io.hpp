@@ -18,6 +18,7 @@
 #include "device/staging_pool.hpp"
 #include "engine/settings.hpp"
 #include "fs/beneath.hpp"
+#include "fs/memory_fs.hpp"
 
 namespace kvtier::detail {
 
@@ -73,9 +74,9 @@ struct IoContext {
   StagingPool* staging = nullptr;
   const cuda::Api* cuda = nullptr;  ///< set when device segments are allowed
   int cuda_device = 0;
-  /// The root directory's file system holds only memory (reads_only_memory, asked when the
-  /// engine starts): loads under a deadline try to skip the arena (worker.cpp).
-  bool root_in_memory = false;
+  /// Whether the root's file system holds only memory (learnt when the engine starts): loads
+  /// under a deadline try to skip the arena (worker.cpp), loads read in checked pieces.
+  RootMemory root_memory;
   /// kIoUring: the workers make rings (the engine in use, never kAuto).
   IoEngine io_engine = IoEngine::kPsync;
 };

@@ -365,12 +365,12 @@ BlockResult read_load_impl(const IoContext& ctx, WorkerContext& worker, const Bl
 }
 
 BlockResult load_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                            cuda::Event ready, const CrcPlan* plan) {
+                            cuda::Event ready, const CrcPlan* plan, bool root_memory_now) {
   BlockResult result;
   OpenedLoad file;
   if (!open_load_impl(ctx, op, file, result)) return result;
-  // Engines whose root is not memory (asked once, at start) never ask per file.
-  file.memory_only = ctx.root_in_memory && reads_only_memory(file.fd.get());
+  // Engines whose root is not memory (learnt at start) never ask per file.
+  file.memory_only = ctx.root_memory.holds(file.fd.get(), file.st, root_memory_now);
   return read_load_impl(ctx, worker, op, file, ready, plan);
 }
 
@@ -400,8 +400,9 @@ BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const Block
 }
 
 BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                       cuda::Event ready, const CrcPlan* crc) noexcept {
-  return guarded(op, "load", [&] { return load_block_impl(ctx, worker, op, ready, crc); });
+                       cuda::Event ready, const CrcPlan* crc, bool root_memory_now) noexcept {
+  return guarded(op, "load",
+                 [&] { return load_block_impl(ctx, worker, op, ready, crc, root_memory_now); });
 }
 
 bool open_load(const IoContext& ctx, const BlockOp& op, OpenedLoad& file,

@@ -23,9 +23,12 @@ BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const Block
 /// throws. A file that fails verification is removed; the destination memory is then
 /// unspecified. With `crc` (may be null) in_copy, a host payload read in place is not
 /// checked against the header's CRC32C here: the result carries it (crc_pending) for the
-/// caller's copy out to check.
+/// caller's copy out to check. `root_memory_now` is ctx.root_memory.now(), asked once for the
+/// caller's batch: a file that then holds only memory is read in checked pieces (OpenedLoad::
+/// memory_only); false reads every file in one call.
 BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                       cuda::Event ready, const CrcPlan* crc = nullptr) noexcept;
+                       cuda::Event ready, const CrcPlan* crc = nullptr,
+                       bool root_memory_now = false) noexcept;
 
 /// A block file opened for a load (open_load) and not read yet: load_block in two steps,
 /// for a caller that decides between them how the payload is read (the worker reads a file of
@@ -36,7 +39,7 @@ struct OpenedLoad {
   struct stat st{};
   bool direct = false;     ///< opened with O_DIRECT
   bool fell_back = false;  ///< O_DIRECT was refused and the file opened buffered instead
-  /// The file holds only memory (reads_only_memory; load_block asks, the worker's loads from
+  /// The file holds only memory (RootMemory::holds; load_block asks, the worker's loads from
   /// memory set it): read_load reads it in pieces, checking each as it lands, where a read is
   /// a copy and the pieces cost no storage round trips.
   bool memory_only = false;
