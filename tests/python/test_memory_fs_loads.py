@@ -8,11 +8,13 @@ bytes, so a path that ran but moved the wrong bytes fails too.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -122,24 +124,37 @@ def test_loads_from_a_disk_root_use_the_arena(tmp_path: Path) -> None:
         engine.shutdown()
 
 
+@contextlib.contextmanager
+def _mounted_below(root: Path, mount_args: list[str]) -> Iterator[Path]:
+    """``mount <mount_args> root/blocks`` for the block files' first directory level, where
+    the root's engine finds it after the open; skipped where this machine cannot mount."""
+    below = root / "blocks"
+    below.mkdir()
+    if subprocess.run(["mount", *mount_args, str(below)]).returncode != 0:
+        pytest.skip(f"cannot mount {' '.join(mount_args)} here")
+    try:
+        yield below
+    finally:
+        subprocess.run(["umount", "-l", str(below)])
+
+
+def _loaded_back_below(root: Path, seed: int) -> int:
+    """Of 3 blocks of 256 KiB stored and loaded back under a deadline by an engine on
+    ``root``, how many took the memory path."""
+    engine = _core.Engine(str(root), n_read_threads=1, n_write_threads=1, io_timeout_s=10.0)
+    try:
+        return _loaded_back_from_memory_fs(engine, root, 3, 256 << 10, seed=seed)
+    finally:
+        engine.shutdown()
+
+
 def test_a_second_tmpfs_mounted_below_a_tmpfs_root_is_asked_per_file(tmpfs_mount: Path) -> None:
     """A file on another file system than the root's (its st_dev differs) is asked itself
     (fstatfs), not judged by the root's type learnt at start: a tmpfs of its own below a tmpfs
     root still loads from memory, every block of the batch."""
-    below = tmpfs_mount / "blocks"
-    below.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(below)]).returncode:
-        pytest.skip("cannot mount a tmpfs")
-    try:
+    with _mounted_below(tmpfs_mount, ["-t", "tmpfs", "-o", "size=16m", "tmpfs"]) as below:
         assert os.stat(below).st_dev != os.stat(tmpfs_mount).st_dev
-        engine = _core.Engine(str(tmpfs_mount), n_read_threads=1, n_write_threads=1,
-                              io_timeout_s=10.0)  # fmt: skip
-        try:
-            assert _loaded_back_from_memory_fs(engine, tmpfs_mount, 3, 256 << 10, seed=3) == 3
-        finally:
-            engine.shutdown()
-    finally:
-        subprocess.run(["umount", "-l", str(below)])
+        assert _loaded_back_below(tmpfs_mount, seed=3) == 3
 
 
 def test_a_disk_directory_bound_below_a_tmpfs_root_uses_the_arena(
@@ -150,19 +165,8 @@ def test_a_disk_directory_bound_below_a_tmpfs_root_uses_the_arena(
     disk = tmp_path / "disk"
     disk.mkdir()
     _skip_on_memory_fs(disk)
-    below = tmpfs_mount / "blocks"
-    below.mkdir()
-    if subprocess.run(["mount", "--bind", str(disk), str(below)]).returncode != 0:
-        pytest.skip("cannot bind-mount a directory")
-    try:
-        engine = _core.Engine(str(tmpfs_mount), n_read_threads=1, n_write_threads=1,
-                              io_timeout_s=10.0)  # fmt: skip
-        try:
-            assert _loaded_back_from_memory_fs(engine, tmpfs_mount, 3, 256 << 10, seed=2) == 0
-        finally:
-            engine.shutdown()
-    finally:
-        subprocess.run(["umount", "-l", str(below)])
+    with _mounted_below(tmpfs_mount, ["--bind", str(disk)]):
+        assert _loaded_back_below(tmpfs_mount, seed=2) == 0
 
 
 @pytest.mark.parametrize("io_engine", ["psync", "io_uring"])
