@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""The table of bench/side_by_side_builds.sh: per thread count, block size and build, the
-medians over the rounds of kvtier's and the peer's figures and of their ratio in each run.
+"""The table of bench/side_by_side_builds.sh. Beside a peer: per thread count, block size and
+build, the medians over the rounds of kvtier's and the peer's figures and of their ratio in
+each run. Alone (PEER=none): per thread count and block size, each build's medians over the
+rounds and the median (min-max) of the ratio after/before taken round by round.
 
     python bench/side_by_side_builds.py OUTDIR
 """
@@ -13,20 +15,24 @@ import statistics
 import sys
 from pathlib import Path
 
+# kvtier alone: the figures compared, and how each is read out of a block size's result.
+_ALONE = {
+    "store GB/s": lambda k: k["throughput"]["store_gbps"],
+    "load GB/s": lambda k: k["throughput"]["load_gbps"],
+    "store CPU s/GiB": lambda k: k["throughput"]["store_cpu_s_per_gib"],
+    "load CPU s/GiB": lambda k: k["throughput"]["load_cpu_s_per_gib"],
+    "loop kept": lambda k: k["interference"]["ratio"],
+    "load p95 idle ms": lambda k: k["latency"]["idle"]["p95_ms"],
+    "load p95 flood ms": lambda k: k["latency"]["flood"]["p95_ms"],
+    "p95 flood/idle": lambda k: k["latency"]["p95_ratio"],
+}
+
 
 def _spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
 
 
-def main() -> int:
-    runs: dict[tuple[str, str, str], list[tuple[dict, dict]]] = collections.defaultdict(list)
-    for path in sorted(Path(sys.argv[1]).glob("*.json")):
-        who, threads, _round = path.stem.split("-")
-        for size in json.loads(path.read_text())["sizes"]:
-            tiers = size["tiers"]
-            peer = next(name for name in tiers if name != "kvtier")
-            pair = (tiers["kvtier"]["throughput"], tiers[peer]["throughput"])
-            runs[(threads, size["label"], who)].append(pair)
+def _beside_a_peer(runs: dict[tuple[str, str, str], list[tuple[dict, dict]]]) -> None:
     print(
         "threads block build runs | load GB/s kvtier, peer, ratio | load CPU s/GiB kvtier, peer "
         "| store GB/s ratio | store CPU s/GiB kvtier, peer"
@@ -45,6 +51,45 @@ def main() -> int:
             f"{_spread([r['store_cpu_s_per_gib'] for r in kv])}, "
             f"{_spread([r['store_cpu_s_per_gib'] for r in peer])}"
         )
+
+
+def _alone(runs: dict[tuple[str, str], dict[tuple[str, str], dict]]) -> None:
+    print("| threads, block | build | " + " | ".join(_ALONE) + " |")
+    print("|---|---|" + "---|" * len(_ALONE))
+    for (threads, label), by_run in sorted(runs.items()):
+        rounds = sorted({r for r, _ in by_run})
+        for who in ("before", "after"):
+            mine = [by_run[(r, who)] for r in rounds if (r, who) in by_run]
+            cells = []
+            for name, figure in _ALONE.items():
+                value = statistics.median(figure(k) for k in mine)
+                cells.append(f"{value:.0%}" if name == "loop kept" else f"{value:.2f}")
+            print(f"| {threads}+{threads}, {label} | {who} | " + " | ".join(cells) + " |")
+        paired = [r for r in rounds if (r, "before") in by_run and (r, "after") in by_run]
+        cells = [
+            _spread([figure(by_run[(r, "after")]) / figure(by_run[(r, "before")]) for r in paired])
+            for figure in _ALONE.values()
+        ]
+        print(f"| | after/before, {len(paired)} rounds | " + " | ".join(cells) + " |")
+
+
+def main() -> int:
+    with_peer: dict[tuple[str, str, str], list[tuple[dict, dict]]] = collections.defaultdict(list)
+    alone: dict[tuple[str, str], dict[tuple[str, str], dict]] = collections.defaultdict(dict)
+    for path in sorted(Path(sys.argv[1]).glob("*.json")):
+        who, threads, round_ = path.stem.split("-")
+        for size in json.loads(path.read_text())["sizes"]:
+            tiers = size["tiers"]
+            peer = next((name for name in tiers if name != "kvtier"), None)
+            if peer is None:
+                alone[(threads[1:], size["label"])][(round_, who)] = tiers["kvtier"]
+            else:
+                pair = (tiers["kvtier"]["throughput"], tiers[peer]["throughput"])
+                with_peer[(threads, size["label"], who)].append(pair)
+    if with_peer:
+        _beside_a_peer(with_peer)
+    if alone:
+        _alone(alone)
     return 0
 
 

@@ -203,6 +203,63 @@ print(json.dumps({"before": before, "got": got, "gave_up": state["gave_up"]}))
 """
 
 
+_ID_REUSE = r"""
+# Submitters on several threads reuse each of their job ids as soon as a consumer thread has
+# popped it, while workers run stores: freeing an id (the consumer) and taking it again (a
+# submitter) race with the workers' bookkeeping on every round.
+layer = Layer()
+n_submitters, ids_each, rounds = 4, 4, 150
+reported = {}
+popped = {}
+errors = []
+stop = threading.Event()
+
+
+def consumer():
+    while not stop.is_set():
+        for job_id, _ok in layer.finished():
+            reported[job_id] = reported.get(job_id, 0) + 1
+            popped[job_id].set()
+        time.sleep(0.0002)
+
+
+def submitter(t):
+    ids = [t * ids_each + k for k in range(ids_each)]
+    for r in range(rounds):
+        for job_id in ids:
+            popped[job_id] = threading.Event()
+            try:
+                if (r + job_id) % 3:
+                    layer.submit_empty(job_id)
+                else:
+                    layer.submit(job_id, job_id, load=False, slot=job_id % SLOTS)
+            except Exception as e:  # an id still in flight after it was popped
+                errors.append(f"{job_id}: {e!r}")
+                return
+        for job_id in ids:
+            if not popped[job_id].wait(120):  # hang guard
+                errors.append(f"{job_id}: never reported")
+                return
+
+
+for job_id in range(n_submitters * ids_each):
+    reported[job_id] = 0
+c = threading.Thread(target=consumer)
+c.start()
+threads = [threading.Thread(target=submitter, args=(t,)) for t in range(n_submitters)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+stop.set()
+c.join()
+layer.drain()
+rest = layer.finished()
+layer.shutdown()
+print(json.dumps({"errors": errors, "reported": reported, "rest": rest, "rounds": rounds}))
+"""
+
+
 def _run(script: str, layer: str, root: Path) -> dict:
     if layer == "gpu":
         pytest.importorskip("torch", reason="GPUStorageTransfer needs torch")
@@ -222,6 +279,14 @@ def test_consumers_on_many_threads_get_each_job_exactly_once(tmp_path: Path, lay
     ids = out["seen"] + [job_id for job_id, _ in out["rest"]]
     assert len(ids) == len(set(ids)), "a job was reported twice"
     assert sorted(ids) == list(range(40 * 400))
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_ids_popped_on_one_thread_are_reused_at_once_on_others(tmp_path: Path, layer: str) -> None:
+    out = _run(_ID_REUSE, layer, tmp_path / "root")
+    assert out["errors"] == []
+    assert out["rest"] == [], "a job was reported after its id was already reused"
+    assert set(out["reported"].values()) == {out["rounds"]}, "a job was lost or reported twice"
 
 
 @pytest.mark.parametrize("layer", LAYERS)

@@ -82,7 +82,8 @@ def test_tmpfs_has_no_device_queue_so_one_worker_per_core(tmpfs_root, caplog):
 
 
 # Runs in a fresh process (so that the only kvtier threads are this engine's): stores and
-# loads one block, then prints each kvtier worker thread's name and nice value.
+# loads one block, then prints each kvtier worker thread's name, nice value and EEVDF slice
+# (se.slice in /proc, shown by kernels built with scheduler debugging), and the caller's slice.
 _PRIORITY_SCRIPT = textwrap.dedent(
     """
     import ctypes, json, os, sys
@@ -107,19 +108,24 @@ _PRIORITY_SCRIPT = textwrap.dedent(
             name = f.read().strip()
         with open(f"/proc/self/task/{tid}/stat") as f:
             nice = int(f.read().rsplit(")", 1)[1].split()[16])
+        with open(f"/proc/self/task/{tid}/sched") as f:  # se.slice: kernels with sched debug
+            slices = [int(line.split()[-1]) for line in f if line.startswith("se.slice ")]
         if name.startswith("kvtier-"):
-            threads.append([name, nice])
+            threads.append([name, nice, slices[0] if slices else None])
+        elif int(tid) == os.getpid():
+            caller_slice = slices[0] if slices else None
     engine.shutdown()
-    print(json.dumps({"ok": ok, "threads": threads, "uid": os.getuid()}))
+    print(json.dumps({"ok": ok, "threads": threads, "uid": os.getuid(),
+                      "caller_slice": caller_slice}))
     """
 )
 
 
-def _worker_nices(
+def _worker_threads(
     root: Path, prefix: list[str], user: tuple[int, int] | None = None, **kwargs
-) -> dict[str, set[int]]:
-    """The nice values of the engine's worker threads, in a child started with `prefix`
-    (e.g. `nice -n 10`) that runs as `user` (uid, gid) once kvtier is imported."""
+) -> dict[str, object]:
+    """What _PRIORITY_SCRIPT printed, in a child started with `prefix` (e.g. `nice -n 10`)
+    that runs as `user` (uid, gid) once kvtier is imported."""
     proc = subprocess.run(
         [
             *prefix,
@@ -140,8 +146,15 @@ def _worker_nices(
     assert out["ok"], "the store or load failed"
     if user is not None:
         assert out["uid"] == user[0], "the child did not drop root"
+    return out
+
+
+def _worker_nices(
+    root: Path, prefix: list[str], user: tuple[int, int] | None = None, **kwargs
+) -> dict[str, set[int]]:
+    """The nice values of the engine's worker threads, by thread name (see _worker_threads)."""
     nices: dict[str, set[int]] = {}
-    for name, nice in out["threads"]:
+    for name, nice, _slice in _worker_threads(root, prefix, user, **kwargs)["threads"]:
         nices.setdefault(name, set()).add(nice)
     return nices
 
@@ -188,3 +201,41 @@ def test_priorities_work_unprivileged(unprivileged):
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# The slice the engine asks for its store workers (worker.cpp, kStoreWorkerSliceNs).
+_STORE_WORKER_SLICE_NS = 20_000_000
+
+
+def _slices(out: dict[str, object]) -> dict[str, set[int]]:
+    if out["caller_slice"] is None:
+        pytest.skip("this kernel does not show se.slice in /proc/<tid>/sched")
+    if tuple(int(p) for p in os.uname().release.split(".")[:2]) < (6, 12):
+        pytest.skip("custom EEVDF slices need Linux 6.12")
+    slices: dict[str, set[int]] = {}
+    for name, _nice, slice_ns in out["threads"]:
+        slices.setdefault(name, set()).add(slice_ns)
+    return slices
+
+
+def test_store_workers_ask_for_a_long_slice_so_that_any_waking_thread_preempts_them(
+    tmp_path, unprivileged
+):
+    # Without it a waking caller or load worker waits for a running store worker's slice to
+    # end, up to a tick (docs/PERFORMANCE.md section 18). Load workers keep the caller's
+    # default slice; asking needs no privilege.
+    for user in (None, unprivileged):
+        root = Path(tempfile.mkdtemp(prefix="kvtier-slice-"))
+        try:
+            root.chmod(0o777)
+            out = _worker_threads(root / "a", [], user, n_read_threads=2, n_write_threads=3)
+            assert _slices(out) == {
+                "kvtier-load": {out["caller_slice"]},
+                "kvtier-store": {_STORE_WORKER_SLICE_NS},
+            }
+            # Without store-first workers the load-first ones take stores too: loads are what
+            # a request waits for, so they keep the default slice.
+            out = _worker_threads(root / "b", [], user, n_read_threads=2, n_write_threads=0)
+            assert _slices(out) == {"kvtier-load": {out["caller_slice"]}}
+        finally:
+            shutil.rmtree(root, ignore_errors=True)

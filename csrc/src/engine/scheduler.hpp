@@ -136,9 +136,9 @@ struct Abandoned {
 };
 
 /// The engine's queues and who runs what: loads first, the store cap, read-after-write
-/// parking, drain(), cancellation at shutdown. Every member is guarded by one mutex; workers
-/// hold it only to take a batch and to record one, never during I/O, and publish completions
-/// after releasing it.
+/// parking, drain(), cancellation at shutdown. Every member but the ids in flight is guarded
+/// by one mutex; workers hold it only to take a batch and to record one, never during I/O,
+/// and publish completions after releasing it.
 ///
 /// Seams: a worker's life is next_batch() -> run_blocks() -> finish_batch(), so a caller
 /// that must watch batches in flight (deadlines, replacing a stuck worker) sees each one
@@ -193,7 +193,8 @@ class Scheduler {
 
   // ---- the consumer --------------------------------------------------------------------------
 
-  /// Frees the ids of delivered jobs (linked by Job::undelivered_next) for reuse.
+  /// Frees the ids of delivered jobs (linked by Job::undelivered_next) for reuse. Takes only
+  /// the lock of the ids, never the one workers hold.
   void release_ids(const Job* delivered) noexcept;
 
   // ---- the watchdog (SchedulerOptions::io_timeout > 0) -----------------------------------
@@ -261,7 +262,11 @@ class Scheduler {
   // last load finished): an engine issuing one load at a time gets each next load in front of
   // a short device queue, not behind every worker's store.
   Clock::time_point loads_recent_until_{};
-  std::unordered_set<JobId> ids_in_flight_;  // submitted and not yet delivered
+  // Submitted and not yet delivered. Guarded by ids_mutex_ alone, a leaf lock (taken inside
+  // mutex_ by submit, alone by release_ids) that workers never take, so that freeing ids
+  // never waits for a worker.
+  std::mutex ids_mutex_;
+  std::unordered_set<JobId> ids_in_flight_;
   bool stopping_ = false;
   // drain(): jobs not yet completed, oldest first; the seq of the latest submitted job; the
   // batches publishing completed jobs now.

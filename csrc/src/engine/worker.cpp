@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -21,6 +22,41 @@
 namespace kvtier::detail {
 namespace {
 
+// struct sched_attr of sched_setattr(2), its first version (48 bytes, Linux 3.14); declared
+// here because only newer C libraries declare it, and under that name.
+struct SchedAttr {
+  std::uint32_t size;
+  std::uint32_t sched_policy;
+  std::uint64_t sched_flags;
+  std::int32_t sched_nice;
+  std::uint32_t sched_priority;
+  std::uint64_t sched_runtime;  // for SCHED_OTHER/BATCH/IDLE: the EEVDF slice (Linux 6.12)
+  std::uint64_t sched_deadline;
+  std::uint64_t sched_period;
+};
+
+// A store worker is throughput work that nothing waits for, so the engine's threads and the
+// load workers must get the CPU the moment they wake, not at the next tick (up to 4 ms at
+// HZ=250). A low nice value alone does not do that: EEVDF lets the running task finish its
+// slice ("run to parity") unless the waking task asks for a shorter slice than the running
+// one, and every thread asks for the default. Asking for a long slice here makes every
+// default-slice waker preempt a store worker at once (docs/PERFORMANCE.md section 18). The
+// slice is a latency request, not a share: the CPU is still divided by nice. Kernels before
+// 6.12 ignore sched_runtime for these policies; best effort, like the nice value.
+constexpr std::uint64_t kStoreWorkerSliceNs = 20'000'000;
+static_assert(sizeof(SchedAttr) == 48, "SCHED_ATTR_SIZE_VER0");
+
+void lengthen_slice() {
+  SchedAttr attr{};
+  if (::syscall(SYS_sched_getattr, 0, &attr, sizeof attr, 0) != 0) return;
+  if (attr.sched_policy != SCHED_OTHER && attr.sched_policy != SCHED_BATCH &&
+      attr.sched_policy != SCHED_IDLE)
+    return;  // real-time or deadline: a slice means nothing there
+  attr.size = sizeof attr;  // the nice value and the policy read back are set again unchanged
+  attr.sched_runtime = kStoreWorkerSliceNs;
+  ::syscall(SYS_sched_setattr, 0, &attr, 0);
+}
+
 void place(const WorkerPlacement& placement) {
   ::pthread_setname_np(::pthread_self(),
                        placement.role == WorkerRole::kStoreFirst ? "kvtier-store" : "kvtier-load");
@@ -28,6 +64,7 @@ void place(const WorkerPlacement& placement) {
   // privilege; it is best effort anyway: a refusal only costs the scheduler loop some CPU.
   if (placement.nice > 0)
     ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), placement.nice);
+  if (placement.role == WorkerRole::kStoreFirst) lengthen_slice();
   if (!placement.cpus.empty()) {
     cpu_set_t set;
     CPU_ZERO(&set);
