@@ -167,7 +167,9 @@ class KVTIER_EXPORT EngineConfig {
 
   /// Nice value (0 to 19, default 19) of the worker threads. Their work is background I/O; a
   /// positive value keeps them from taking CPU away from the engine's scheduler loop on busy
-  /// hosts, and costs nothing while cores are idle.
+  /// hosts, and costs nothing while cores are idle. Store-first workers also ask for a long
+  /// EEVDF slice (Linux 6.12+), so that any thread waking with the default slice preempts
+  /// them at once; that changes latency, not the CPU share nice sets.
   int worker_nice() const noexcept;
   EngineConfig& set_worker_nice(int value);
 
