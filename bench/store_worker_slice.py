@@ -98,6 +98,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--samples", type=int, default=300)
     args = parser.parse_args()
+    if os.uname().machine != "x86_64":
+        parser.error("the sched_getattr/sched_setattr numbers here are x86_64's")
     slices = [None if s == "engine" else float(s) for s in args.slices_ms.split(",")]
     primary = PrimaryMemory(args.total // args.size, args.size, DEFAULT_PRIMARY_LAYOUT)
     primary.fill(seed=1)
