@@ -317,7 +317,13 @@ KV_TEST(replacements_stop_at_the_cap_and_resume_when_stuck_workers_return) {
   kvtest::pop_exactly(engine, 1, done);  // a replacement ran it once a stuck worker returned
   CHECK_MSG(done[0].success, describe(done[0]));
   CHECK(c == bytes);
-  kvtest::wait_until([&] { return engine.stats().workers_stuck == 0; }, "stuck workers returned");
+  // The watchdog replaces a returned worker at its next poll (50 ms), after the gauge fell.
+  kvtest::wait_until(
+      [&] {
+        const kvtier::EngineStats now = engine.stats();
+        return now.workers_stuck == 0 && now.workers_replaced == 2;
+      },
+      "stuck workers returned and the second one replaced");
   CHECK_EQ(engine.stats().workers_replaced, std::uint64_t{2});
   CHECK(all_canary(a) && all_canary(b));
 }
