@@ -1,8 +1,11 @@
 // Engine under concurrency: pop_completions() from many threads at once, drain() while
 // another thread keeps submitting, and read-after-write per path (a load of a path whose
 // store is still pending waits for it), including the same path stored twice, a failed
-// store, shutdown with parked loads and every worker configuration.
+// store, shutdown with parked loads and every worker configuration, and submitters racing
+// shutdown.
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <set>
@@ -311,5 +314,61 @@ KV_TEST(read_after_write_in_every_worker_configuration) {
       CHECK_MSG(c.success, describe(c) + " readers " + std::to_string(readers) + " writers " +
                                std::to_string(writers));
     for (int i = 0; i < n; ++i) CHECK_MSG(backs[i] == sources[i], "block " + std::to_string(i));
+  }
+}
+
+KV_TEST(submitters_racing_shutdown_get_each_job_refused_or_reported_once) {
+  // Submitters on many threads while another shuts the engine down: with this many threads
+  // on the scheduler's mutex some submits find it busy and leave their job in the inbox
+  // (Scheduler::submit), so shutdown meets jobs in every state. Each job is either refused
+  // by its submit (EngineShutDownError) or reported exactly once, and none is lost.
+  TempDir dir;
+  const auto bytes = kvtest::pattern(4096, 31);
+  for (int round = 0; round < 2 * kScale; ++round) {
+    Engine engine(kvtest::engine_config(dir, ODirectMode::kOff, 2, 2));
+    constexpr int kThreads = 8;
+    std::vector<std::vector<JobId>> accepted(kThreads);
+    std::atomic<int> refused{0};
+    std::atomic<std::size_t> n_submitted{0};
+    std::vector<std::jthread> threads;
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&, t] {
+        for (int j = 0;; ++j) {
+          const JobId id = JobId(t) << 40 | JobId(j);  // a submit that finds the mutex busy
+                                                       // takes ~0.1 us: ids never collide
+          std::vector<kvtier::BlockOp> ops;
+          if (j % 5 != 4)  // and now and then a job without blocks
+            ops.push_back(block(dir / ("r" + std::to_string(round) + "/" + std::to_string(id)),
+                                "k", const_cast<unsigned char*>(bytes.data()), bytes.size()));
+          try {
+            engine.submit(id, Direction::kStore, std::move(ops));
+          } catch (const kvtier::EngineShutDownError&) {
+            refused.fetch_add(1);
+            return;
+          }
+          accepted[t].push_back(id);
+          n_submitted.fetch_add(1);
+        }
+      });
+    // Shut down while they submit, later in each round.
+    const std::size_t threshold = 500u * (round + 1);
+    while (n_submitted.load() < threshold) std::this_thread::yield();
+    engine.shutdown();
+    for (auto& t : threads) t.join();
+    std::vector<Completion> got;
+    for (auto& c : engine.pop_completions()) got.push_back(std::move(c));
+    const auto reported = by_id(std::move(got));
+    std::size_t n_accepted = 0;
+    for (int t = 0; t < kThreads; ++t)
+      for (JobId id : accepted[t]) {
+        ++n_accepted;
+        const auto it = reported.find(id);
+        CHECK_MSG(it != reported.end(), "job " + std::to_string(id) + " was never reported");
+        const Completion& c = it->second;
+        CHECK_MSG(c.success || c.error.errno_value == ECANCELED, describe(c));
+      }
+    CHECK_EQ(reported.size(), n_accepted);  // nothing reported that a submit refused
+    CHECK_EQ(refused.load(), kThreads);     // every submitter ended on a refusal
+    CHECK_EQ(engine.stats().jobs_in_flight, std::uint64_t{0});
   }
 }

@@ -7,9 +7,13 @@
 //   allocate (it is noexcept: an allocation failure there was std::terminate), and every job
 //   is reported exactly once, cancelled blocks naming their path.
 // - workers that cannot allocate: every block fails with ENOMEM, every job is reported.
+// - a thread parked inside an allocation it makes under the scheduler's mutex: a submit on
+//   another thread still returns at once, its jobs run in order once the mutex is free, and
+//   one that cannot be queued for want of memory then is reported with ENOMEM.
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -36,7 +40,18 @@ bool on_worker_thread() {
   return std::strncmp(name, "kvtier-", 7) == 0;
 }
 
+// While nonzero, the arming thread's next allocation of exactly this size parks it until
+// g_release_parked: it then holds whatever lock it allocates under, for as long as a test
+// needs.
+thread_local std::size_t t_park_at_size = 0;
+std::atomic<bool> g_parked{false}, g_release_parked{false};
+
 void* allocate(std::size_t size) {
+  if (t_park_at_size != 0 && size == t_park_at_size) {
+    t_park_at_size = 0;
+    g_parked = true;
+    while (!g_release_parked.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   if (t_allocations_left == 0) throw std::bad_alloc();
   if (t_allocations_left > 0) --t_allocations_left;
   if (g_starve_workers.load(std::memory_order_relaxed) && on_worker_thread())
@@ -333,4 +348,144 @@ KV_TEST(workers_that_cannot_allocate_fail_blocks_with_enomem) {
   engine.submit(4, Direction::kLoad, loads);
   for (const Completion& c : kvtest::drain_and_pop(engine, 1)) CHECK_MSG(c.success, describe(c));
   for (int i = 0; i < 4; ++i) CHECK(backs[i] == bytes);
+}
+
+namespace {
+
+/// A path of exactly `length` characters below `dir`: its copy is an allocation of a size
+/// nothing else in these tests asks for.
+std::string path_of_length(const TempDir& dir, std::size_t length) {
+  std::string p = dir / (std::string(200, 'a') + "/");
+  CHECK(p.size() + 1 < length && length - p.size() < 255);
+  return p + std::string(length - p.size(), 'b');
+}
+
+/// A store submitted on a thread of its own that parks while it holds the scheduler's mutex:
+/// the first allocation of its path's length is the read-after-write tracker copying the path
+/// (PendingStores::add, under the mutex). release() lets it go; the destructor too.
+class MutexHolder {
+ public:
+  MutexHolder(Engine& engine, const TempDir& dir, const std::vector<unsigned char>& bytes)
+      : path_(path_of_length(dir, 400)) {
+    g_parked = false;
+    g_release_parked = false;
+    thread_ = std::thread([this, &engine, &bytes] {
+      std::vector<kvtier::BlockOp> ops{
+          block(path_, "k", const_cast<unsigned char*>(bytes.data()), bytes.size())};
+      t_park_at_size = path_.size() + 1;  // the copy's characters and its terminator
+      engine.submit(1, Direction::kStore, std::move(ops));
+      t_park_at_size = 0;
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!g_parked.load() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!g_parked.load()) {
+      release();
+      throw kvtest::Failure{"the holder's submit never copied its path under the mutex"};
+    }
+  }
+  ~MutexHolder() { release(); }
+  MutexHolder(const MutexHolder&) = delete;
+  MutexHolder& operator=(const MutexHolder&) = delete;
+
+  void release() {
+    g_release_parked = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::string path_;
+  std::thread thread_;
+};
+
+/// Runs `submits` on a thread of its own; true when it returned within 10 s.
+template <class F>
+bool returns_promptly(F submits, std::thread& thread) {
+  std::atomic<bool> done{false};
+  thread = std::thread([&done, submits] {
+    submits();
+    done = true;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done.load() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return done.load();
+}
+
+}  // namespace
+
+KV_TEST(a_submit_never_waits_for_the_thread_holding_the_scheduler) {
+  TempDir dir;
+  Engine engine(kvtest::engine_config(dir, ODirectMode::kOff, 1, 1));
+  const auto bytes = kvtest::pattern(4096, 13);
+  std::vector<unsigned char> back(bytes.size());
+  const std::string path = dir / "inbox";
+  std::thread submitter;
+  bool prompt = false;
+  {
+    MutexHolder holder(engine, dir, bytes);
+    // A store, a load of the same block (read-after-write must hold through the inbox) and a
+    // job without blocks, all while the mutex is held.
+    prompt = returns_promptly(
+        [&] {
+          engine.submit(2, Direction::kStore,
+                        {block(path, "k", const_cast<unsigned char*>(bytes.data()), bytes.size())});
+          engine.submit(3, Direction::kLoad, {block(path, "k", back.data(), back.size())});
+          engine.submit(4, Direction::kStore, {});
+        },
+        submitter);
+    CHECK(g_parked.load());  // still held when the submits returned (or gave up)
+  }
+  submitter.join();
+  CHECK_MSG(prompt, "a submit waited for the thread that holds the scheduler's mutex");
+  std::map<kvtier::JobId, Completion> by_id;
+  for (Completion& c : kvtest::drain_and_pop(engine, 4)) {
+    CHECK_MSG(c.success, describe(c));
+    CHECK_MSG(by_id.emplace(c.job_id, std::move(c)).second, "job reported twice");
+  }
+  CHECK_EQ(by_id.size(), std::size_t{4});
+  CHECK(back == bytes);
+  CHECK_EQ(engine.stats().jobs_in_flight, std::uint64_t{0});
+}
+
+KV_TEST(a_job_left_in_the_inbox_that_cannot_be_queued_fails_with_enomem) {
+  TempDir dir;
+  Engine engine(kvtest::engine_config(dir, ODirectMode::kOff, 1, 1));
+  const auto bytes = kvtest::pattern(4096, 17);
+  const std::string path = path_of_length(dir, 300);  // queueing it copies the path
+  std::thread submitter;
+  bool prompt = false;
+  {
+    MutexHolder holder(engine, dir, bytes);
+    prompt = returns_promptly(
+        [&] {
+          engine.submit(2, Direction::kStore,
+                        {block(path, "k", const_cast<unsigned char*>(bytes.data()), bytes.size())});
+        },
+        submitter);
+    submitter.join();
+    // Whoever queues job 2 now cannot allocate: the intake thread and the workers (named
+    // kvtier-*), and this thread, whose drain() takes the inbox too.
+    g_starve_workers = true;
+  }
+  t_allocations_left = 0;
+  engine.drain();
+  t_allocations_left = -1;
+  g_starve_workers = false;
+  CHECK_MSG(prompt, "a submit waited for the thread that holds the scheduler's mutex");
+  std::map<kvtier::JobId, Completion> by_id;
+  for (Completion& c : kvtest::drain_and_pop(engine, 2))
+    CHECK_MSG(by_id.emplace(c.job_id, std::move(c)).second, "job reported twice");
+  const Completion& c = by_id.at(2);
+  CHECK(!c.success);
+  CHECK_EQ(c.error.errno_value, ENOMEM);
+  CHECK_EQ(c.error.operation, std::string("store"));
+  CHECK_EQ(c.error.path, path);
+  CHECK_MSG(c.error.message.find("out of memory while queueing") != std::string::npos,
+            c.error.message);
+  for (int e : c.block_errnos) CHECK_EQ(e, ENOMEM);
+  CHECK(!kvtest::file_exists(path));
+  // The id is free again, and with memory the same job is stored.
+  const Completion again = kvtest::store(engine, 2, path, "k", bytes.data(), bytes.size());
+  CHECK_MSG(again.success, describe(again));
 }

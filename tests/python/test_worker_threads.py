@@ -160,10 +160,16 @@ def _worker_nices(
 
 
 def test_load_workers_run_above_store_workers(tmp_path):
+    # The intake thread (it queues what a submit could not, Scheduler::submit) keeps the
+    # caller's priority: it must never wait behind the store workers.
+    caller = os.getpriority(os.PRIO_PROCESS, 0)
     nices = _worker_nices(tmp_path, [], n_read_threads=2, n_write_threads=3, load_nice=5)
-    assert nices == {"kvtier-load": {5}, "kvtier-store": {19}}
+    assert nices == {"kvtier-load": {5}, "kvtier-store": {19}, "kvtier-intake": {caller}}
     # Without store-first workers the load-first ones take stores too, at the store priority.
-    assert _worker_nices(tmp_path, [], n_read_threads=2, n_write_threads=0) == {"kvtier-load": {19}}
+    assert _worker_nices(tmp_path, [], n_read_threads=2, n_write_threads=0) == {
+        "kvtier-load": {19},
+        "kvtier-intake": {caller},
+    }
 
 
 @pytest.fixture
@@ -191,6 +197,7 @@ def test_priorities_work_unprivileged(unprivileged):
         assert _worker_nices(root / "a", [], unprivileged, n_read_threads=2, n_write_threads=2) == {
             "kvtier-load": {max(inherited, 0)},
             "kvtier-store": {19},
+            "kvtier-intake": {inherited},
         }
         niced = [shutil.which("nice") or "nice", "-n", "10"]
         assert _worker_nices(
@@ -198,6 +205,7 @@ def test_priorities_work_unprivileged(unprivileged):
         ) == {
             "kvtier-load": {min(max(inherited, 0) + 10, 19)},
             "kvtier-store": {19},
+            "kvtier-intake": {min(inherited + 10, 19)},
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -232,10 +240,14 @@ def test_store_workers_ask_for_a_long_slice_so_that_any_waking_thread_preempts_t
             assert _slices(out) == {
                 "kvtier-load": {out["caller_slice"]},
                 "kvtier-store": {_STORE_WORKER_SLICE_NS},
+                "kvtier-intake": {out["caller_slice"]},
             }
             # Without store-first workers the load-first ones take stores too: loads are what
             # a request waits for, so they keep the default slice.
             out = _worker_threads(root / "b", [], user, n_read_threads=2, n_write_threads=0)
-            assert _slices(out) == {"kvtier-load": {out["caller_slice"]}}
+            assert _slices(out) == {
+                "kvtier-load": {out["caller_slice"]},
+                "kvtier-intake": {out["caller_slice"]},
+            }
         finally:
             shutil.rmtree(root, ignore_errors=True)

@@ -3,6 +3,8 @@
 // It also keeps a forked child from touching an engine whose workers live in the parent.
 #include <kvtier/engine.hpp>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -99,6 +101,9 @@ struct KVTIER_HIDDEN Engine::Impl {
   unsigned worker_cap = 0;
   std::atomic<std::uint64_t> workers_replaced{0};
   std::thread watchdog;
+  // Queues the jobs a submit left in the scheduler's inbox because its mutex was busy
+  // (Scheduler::submit): at the caller's priority, so it preempts the store workers.
+  std::thread intake;
 
   explicit Impl(EngineConfig cfg)
       : config(std::move(cfg)),
@@ -222,6 +227,10 @@ void Engine::Impl::start_workers() {
   }
   worker_cap = c.n_read_threads + c.n_write_threads;
   if (c.io_timeout_s > 0) watchdog = std::thread([this] { run_watchdog(); });
+  intake = std::thread([this] {
+    ::pthread_setname_np(::pthread_self(), "kvtier-intake");
+    scheduler->run_intake();
+  });
 }
 
 // Starts a worker (workers_mutex held). Its body holds the shared I/O state by value: once
@@ -309,6 +318,12 @@ void Engine::Impl::stop_workers() {
   if (watchdog.joinable()) {
     scheduler->stop_watchdog();
     watchdog.join();
+  }
+  // Last: until stop() every submit that found the mutex busy relied on it (from then on a
+  // submit queues nothing, or cancels its job itself).
+  if (intake.joinable()) {
+    scheduler->stop_intake();
+    intake.join();
   }
 }
 

@@ -60,6 +60,10 @@ struct Job {
   std::size_t next_block = 0;
   std::vector<ParkedLoad> parking;
 
+  // Submitted while the scheduler's mutex was held elsewhere: the next job in its inbox
+  // (Scheduler::submit), written by the submitter before the job is pushed.
+  Job* inbox_next = nullptr;
+
   // Popped but not yet delivered (a conversion threw); guarded by the consumer's mutex.
   Job* undelivered_next = nullptr;
 

@@ -11,27 +11,140 @@ namespace kvtier::detail {
 
 // ---- submitters ----------------------------------------------------------------------------
 
+namespace {
+
+// How many times submit() tries the mutex before it leaves its job in the inbox: a holder
+// that runs is out within this (its bookkeeping is a few hundred instructions); one that was
+// preempted is not waited for.
+constexpr int kSubmitSpins = 64;
+
+// Jobs the inbox holds at most before a submit waits for the mutex after all: only a caller
+// that outruns the intake thread by this much (it submits in a tight loop on many threads,
+// so the intake thread gets no CPU) is slowed down, to the pace the queues are filled at,
+// instead of growing the inbox without bound.
+constexpr std::size_t kInboxBound = 1024;
+
+inline void spin_pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
 void Scheduler::submit(std::unique_ptr<Job> owned) {
   Job* job = owned.get();
-  const std::size_t n = job->blocks.size();
-  // All or nothing: each step that can throw (bad_alloc) is undone before the exception
-  // leaves, and the job becomes visible to workers and drain() only once nothing can fail.
-  std::lock_guard lock(mutex_);
-  if (stopping_) throw EngineShutDownError("kvtier engine is shut down; submit refused");
+  if (stopping_.load()) throw EngineShutDownError("kvtier engine is shut down; submit refused");
   {
     std::lock_guard ids(ids_mutex_);
     if (!ids_in_flight_.insert(job->id).second)
       throw std::invalid_argument("job id " + std::to_string(job->id) +
                                   " is already in flight (ids are reusable once popped)");
   }
-  try {
-    enqueue(*job);
-  } catch (...) {
+  const auto free_id = [&] {
     std::lock_guard ids(ids_mutex_);
     ids_in_flight_.erase(job->id);
-    throw;
+  };
+  std::unique_lock lock(mutex_, std::defer_lock);
+  // Behind jobs already in the inbox a submit goes there too without trying the mutex: it
+  // keeps their order cheaply, and leaves the mutex to the intake thread that empties it.
+  const bool inbox_empty = inbox_.load(std::memory_order_relaxed) == nullptr;
+  if ((inbox_empty && lock_briefly(lock)) ||
+      (inbox_depth_.load(std::memory_order_relaxed) >= kInboxBound && (lock.lock(), true))) {
+    // All or nothing: each step that can throw (bad_alloc) is undone before the exception
+    // leaves, and the job becomes visible to workers and drain() only once nothing can fail.
+    take_inbox();  // jobs submitted earlier go first (read-after-write follows that order)
+    if (stopping_.load(std::memory_order_relaxed)) {
+      free_id();
+      throw EngineShutDownError("kvtier engine is shut down; submit refused");
+    }
+    try {
+      enqueue(*job);
+    } catch (...) {
+      free_id();
+      throw;
+    }
+    owned.release();
+    outstanding_.fetch_add(1, std::memory_order_relaxed);
+    admit(job);
+    return;
   }
+  // The mutex is busy: nothing from here on can fail or wait.
   owned.release();
+  outstanding_.fetch_add(1, std::memory_order_relaxed);
+  push_inbox(job);
+  // stop() takes the inbox after it sets stopping_ (both sequentially consistent): either
+  // it saw this job, or this load sees it stopping and the job is cancelled here, never left
+  // in an inbox nobody takes. Only a submit racing shutdown waits for the mutex.
+  if (stopping_.load()) {
+    std::lock_guard stopped(mutex_);
+    take_inbox();
+    return;
+  }
+  intake_signal_.fetch_add(1, std::memory_order_release);
+  intake_signal_.notify_one();
+}
+
+bool Scheduler::lock_briefly(std::unique_lock<std::mutex>& lock) noexcept {
+  for (int i = 0; i < kSubmitSpins; ++i) {
+    if (lock.try_lock()) return true;
+    spin_pause();
+  }
+  return false;
+}
+
+void Scheduler::push_inbox(Job* job) noexcept {
+  inbox_depth_.fetch_add(1, std::memory_order_relaxed);
+  Job* head = inbox_.load(std::memory_order_relaxed);
+  do {
+    job->inbox_next = head;
+  } while (!inbox_.compare_exchange_weak(head, job, std::memory_order_seq_cst,
+                                         std::memory_order_relaxed));
+}
+
+// Queues every job in the inbox, oldest first (mutex held). Called by everything that reads
+// or changes the queues on a caller's behalf, so that a job whose submit returned is never
+// behind one submitted after it, and drain(), stats() and fail_unstarted() see it.
+void Scheduler::take_inbox() noexcept {
+  // Sequentially consistent, like the push and stop()'s store before it (see submit).
+  if (inbox_.load() == nullptr) return;
+  Job* newest = inbox_.exchange(nullptr);
+  Job* oldest = nullptr;
+  std::size_t taken = 0;
+  while (newest != nullptr) {  // the stack holds the newest first
+    Job* next = newest->inbox_next;
+    newest->inbox_next = oldest;
+    oldest = newest;
+    newest = next;
+    ++taken;
+  }
+  inbox_depth_.fetch_sub(taken, std::memory_order_relaxed);
+  while (oldest != nullptr) {
+    Job* job = oldest;
+    oldest = job->inbox_next;
+    job->inbox_next = nullptr;
+    if (stopping_.load(std::memory_order_relaxed)) {
+      refuse(job, ECANCELED, "cancel", "engine shut down before the block operation started");
+      continue;
+    }
+    try {
+      enqueue(*job);
+    } catch (const std::bad_alloc&) {
+      refuse(job, ENOMEM, job->is_load() ? "load" : "store",
+             "out of memory while queueing the job (it was submitted while the engine's "
+             "scheduler was busy)");
+      continue;
+    }
+    admit(job);
+  }
+}
+
+// A job in its queue (or without blocks) becomes visible to drain() and the workers (mutex
+// held).
+void Scheduler::admit(Job* job) noexcept {
+  const std::size_t n = job->blocks.size();
   link_incomplete(job);
   if (n == 0) {
     complete_job(job);
@@ -41,6 +154,46 @@ void Scheduler::submit(std::unique_ptr<Job> owned) {
   }
   (job->is_load() ? queued_loads_ : queued_stores_) += n;
   wake_for(job->direction);
+}
+
+// A job from the inbox that cannot be queued: every block fails with `error` and the job is
+// published (mutex held). It never reached the read-after-write tracker, so nothing is
+// released there.
+void Scheduler::refuse(Job* job, int error, const char* operation, const char* note) noexcept {
+  link_incomplete(job);
+  if (job->blocks.empty()) {
+    complete_job(job);
+    completions_.publish(job);
+    return;
+  }
+  Job* done = nullptr;
+  for (std::size_t i = 0; i < job->blocks.size(); ++i) {
+    BlockResult r;
+    r.error = error;
+    r.operation = operation;
+    r.note = note;
+    done = record_block({job, i}, std::move(r));
+  }
+  completions_.publish(done);
+}
+
+void Scheduler::run_intake() noexcept {
+  for (;;) {
+    const std::uint32_t seen = intake_signal_.load(std::memory_order_acquire);
+    if (inbox_.load(std::memory_order_acquire) != nullptr) {
+      std::lock_guard lock(mutex_);
+      take_inbox();
+      continue;
+    }
+    if (intake_stopped_.load(std::memory_order_acquire)) return;
+    intake_signal_.wait(seen, std::memory_order_acquire);
+  }
+}
+
+void Scheduler::stop_intake() noexcept {
+  intake_stopped_.store(true, std::memory_order_release);
+  intake_signal_.fetch_add(1, std::memory_order_release);
+  intake_signal_.notify_all();
 }
 
 // Puts a job with blocks into its queue, its stores into the read-after-write tracker first.
@@ -74,6 +227,7 @@ bool Scheduler::drain_for(Clock::duration limit) {
     return drained_.wait_until(lock, until, done);
   };
   std::unique_lock lock(mutex_);
+  take_inbox();  // jobs whose submit returned before this call get their seq now
   // Jobs submitted later (by other threads) get a larger seq and are not waited for, so a
   // steady stream of new work cannot hold drain() forever.
   const std::uint64_t horizon = last_seq_;
@@ -109,7 +263,8 @@ bool Scheduler::drained_through(std::uint64_t horizon) const noexcept {
 void Scheduler::stop() noexcept {
   {
     std::lock_guard lock(mutex_);
-    stopping_ = true;
+    stopping_.store(true);
+    take_inbox();  // cancels them (stopping_ is set first: see submit)
     // Every block not started fails: queued loads (ready, parked, in the queue) and stores.
     // The parked loads are moved out first, so cancelling a store (which releases its path)
     // and stores still running wake nobody. Nothing here allocates.
@@ -124,6 +279,7 @@ void Scheduler::stop() noexcept {
 
 std::size_t Scheduler::fail_unstarted(std::string_view directory) noexcept {
   std::lock_guard lock(mutex_);
+  take_inbox();
   const auto beneath = [directory](const ParkedLoad& p) {
     return path_beneath(p.job->blocks[p.index].path, directory);
   };
@@ -176,8 +332,7 @@ std::size_t Scheduler::fail_queued(std::deque<Job*>& queue, std::size_t& queued,
 }
 
 bool Scheduler::stopped() const {
-  std::lock_guard lock(mutex_);
-  return stopping_;
+  return stopping_.load();
 }
 
 void Scheduler::stats(EngineStats& out) const {
@@ -186,6 +341,11 @@ void Scheduler::stats(EngineStats& out) const {
   std::lock_guard lock(mutex_);
   out.queued_loads = loads_waiting() + pending_.parked();
   out.queued_stores = queued_stores_;
+  // The inbox's jobs count as queued. Walking it is safe here: only a holder of the mutex
+  // takes jobs out, and pushes only put new ones in front.
+  for (const Job* job = inbox_.load(std::memory_order_acquire); job != nullptr;
+       job = job->inbox_next)
+    (job->is_load() ? out.queued_loads : out.queued_stores) += job->blocks.size();
   out.running_loads = running_loads_;
   out.running_stores = running_stores_;
 }
@@ -204,6 +364,7 @@ void Scheduler::release_ids(const Job* delivered) noexcept {
 bool Scheduler::next_batch(WorkerRole role, Batch& batch) {
   std::unique_lock lock(mutex_);
   end_publication(batch.publication);
+  take_inbox();
   Task task;
   bool is_load = false;
   while (!pick(role, task, is_load)) {
@@ -532,9 +693,14 @@ void Scheduler::release_store(const std::string& path) noexcept {
 // Records a block's outcome; returns its job when that was the job's last block (the job is
 // then complete and must be published by the caller).
 Job* Scheduler::finish_block(const Task& task, BlockResult result) noexcept {
+  if (!task.job->is_load()) release_store(task.op().path);
+  return record_block(task, std::move(result));
+}
+
+// finish_block() without the read-after-write tracker: for a job that never reached it.
+Job* Scheduler::record_block(const Task& task, BlockResult result) noexcept {
   Job* job = task.job;
   const bool load = job->is_load();
-  if (!load) release_store(task.op().path);
   job->block_errnos[task.index] = result.error;
   counters_.record_block(load, result);
   if (result.ok()) {
@@ -581,7 +747,6 @@ void Scheduler::link_incomplete(Job* job) noexcept {
   job->older = newest_;
   (newest_ != nullptr ? newest_->newer : oldest_) = job;
   newest_ = job;
-  outstanding_.fetch_add(1, std::memory_order_relaxed);
 }
 
 // A job's last block finished: it leaves the list of incomplete jobs. Its caller publishes it.

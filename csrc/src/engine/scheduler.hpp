@@ -136,9 +136,10 @@ struct Abandoned {
 };
 
 /// The engine's queues and who runs what: loads first, the store cap, read-after-write
-/// parking, drain(), cancellation at shutdown. Every member but the ids in flight is guarded
-/// by one mutex; workers hold it only to take a batch and to record one, never during I/O,
-/// and publish completions after releasing it.
+/// parking, drain(), cancellation at shutdown. Every member but the ids in flight and the
+/// inbox is guarded by one mutex; workers hold it only to take a batch and to record one,
+/// never during I/O, and publish completions after releasing it. Submitters never wait for
+/// it (submit()).
 ///
 /// Seams: a worker's life is next_batch() -> run_blocks() -> finish_batch(), so a caller
 /// that must watch batches in flight (deadlines, replacing a stuck worker) sees each one
@@ -156,6 +157,15 @@ class Scheduler {
   /// without blocks completes at once. All or nothing: a submit that throws queued nothing
   /// and leaves the id free. Throws EngineShutDownError after stop(), std::invalid_argument
   /// for an id in flight, std::bad_alloc.
+  ///
+  /// Never waits for the thread holding the mutex (a worker preempted inside its few
+  /// instructions of bookkeeping): when the mutex stays busy for kSubmitSpins tries, or jobs
+  /// wait in the inbox already, the job goes into the inbox, a lock-free stack, and the
+  /// intake thread (run_intake), or whoever takes the mutex first, queues it in submission
+  /// order. Only with kInboxBound jobs there (a caller outrunning the intake thread) does a
+  /// submit wait for the mutex, to queue them itself. Such a job cannot throw any more:
+  /// if queueing it runs out of memory, every block fails with ENOMEM, and if stop() came
+  /// first, with ECANCELED; it is reported either way.
   void submit(std::unique_ptr<Job> job);
 
   /// Blocks until every job submitted before the call has completed and its completion is
@@ -197,6 +207,14 @@ class Scheduler {
   /// the lock of the ids, never the one workers hold.
   void release_ids(const Job* delivered) noexcept;
 
+  // ---- the intake thread ------------------------------------------------------------------
+
+  /// The intake thread's body: queues the jobs submit() left in the inbox, until
+  /// stop_intake(). Never throws.
+  void run_intake() noexcept;
+  /// Makes run_intake() return once the inbox is empty.
+  void stop_intake() noexcept;
+
   // ---- the watchdog (SchedulerOptions::io_timeout > 0) -----------------------------------
 
   /// Waits until a batch's deadline passes, `poll` elapses or stop_watchdog() is called, then
@@ -210,7 +228,13 @@ class Scheduler {
   bool watchdog_stopped() const noexcept;
 
  private:
+  bool lock_briefly(std::unique_lock<std::mutex>& lock) noexcept;
+  void push_inbox(Job* job) noexcept;
+
   // All of these run with mutex_ held.
+  void take_inbox() noexcept;
+  void admit(Job* job) noexcept;
+  void refuse(Job* job, int error, const char* operation, const char* note) noexcept;
   void enqueue(Job& job);
   std::size_t loads_waiting() const noexcept { return queued_loads_ + ready_loads_.size; }
   bool store_allowed() const noexcept;
@@ -227,6 +251,7 @@ class Scheduler {
   void after_batch(bool is_load, std::size_t blocks) noexcept;
   void release_store(const std::string& path) noexcept;
   Job* finish_block(const Task& task, BlockResult result) noexcept;
+  Job* record_block(const Task& task, BlockResult result) noexcept;
   void cancel(const Task& task) noexcept;
   void fail_before_start(const Task& task) noexcept;
   std::size_t fail_queued(std::deque<Job*>& queue, std::size_t& queued,
@@ -267,7 +292,15 @@ class Scheduler {
   // never waits for a worker.
   std::mutex ids_mutex_;
   std::unordered_set<JobId> ids_in_flight_;
-  bool stopping_ = false;
+  // Written with mutex_ held, read by submit() without it.
+  std::atomic<bool> stopping_{false};
+  // Jobs submit() could not queue because the mutex was busy, newest first (a Treiber stack
+  // through Job::inbox_next; only a holder of mutex_ takes them out), and the intake thread's
+  // wake-up: a counter it waits on (std::atomic::wait, a futex), raised after every push.
+  std::atomic<Job*> inbox_{nullptr};
+  std::atomic<std::size_t> inbox_depth_{0};  // jobs in it, about (kInboxBound)
+  std::atomic<std::uint32_t> intake_signal_{0};
+  std::atomic<bool> intake_stopped_{false};
   // drain(): jobs not yet completed, oldest first; the seq of the latest submitted job; the
   // batches publishing completed jobs now.
   Job* oldest_ = nullptr;
