@@ -74,7 +74,7 @@ void Scheduler::submit(std::unique_ptr<Job> owned) {
   // The mutex is busy: nothing from here on can fail or wait.
   owned.release();
   outstanding_.fetch_add(1, std::memory_order_relaxed);
-  push_inbox(job);
+  const bool first = push_inbox(job);
   // stop() takes the inbox after it sets stopping_ (both sequentially consistent): either
   // it saw this job, or this load sees it stopping and the job is cancelled here, never left
   // in an inbox nobody takes. Only a submit racing shutdown waits for the mutex.
@@ -83,6 +83,9 @@ void Scheduler::submit(std::unique_ptr<Job> owned) {
     take_inbox();
     return;
   }
+  // Onto a non-empty inbox: whoever made it non-empty wakes the intake thread, which takes
+  // the whole stack at once, this job included.
+  if (!first) return;
   intake_signal_.fetch_add(1, std::memory_order_release);
   intake_signal_.notify_one();
 }
@@ -95,13 +98,15 @@ bool Scheduler::lock_briefly(std::unique_lock<std::mutex>& lock) noexcept {
   return false;
 }
 
-void Scheduler::push_inbox(Job* job) noexcept {
+// Returns whether the inbox was empty before.
+bool Scheduler::push_inbox(Job* job) noexcept {
   inbox_depth_.fetch_add(1, std::memory_order_relaxed);
   Job* head = inbox_.load(std::memory_order_relaxed);
   do {
     job->inbox_next = head;
   } while (!inbox_.compare_exchange_weak(head, job, std::memory_order_seq_cst,
                                          std::memory_order_relaxed));
+  return head == nullptr;
 }
 
 // Queues every job in the inbox, oldest first (mutex held). Called by everything that reads

@@ -229,7 +229,7 @@ class Scheduler {
 
  private:
   bool lock_briefly(std::unique_lock<std::mutex>& lock) noexcept;
-  void push_inbox(Job* job) noexcept;
+  bool push_inbox(Job* job) noexcept;
 
   // All of these run with mutex_ held.
   void take_inbox() noexcept;
