@@ -43,6 +43,10 @@ struct EngineStats {
   /// own copy, because their file holds only memory (ramfs, or tmpfs without swap; see
   /// docs/core.md). (Appended in 0.1, as the fields above.)
   std::uint64_t memory_fs_loads = 0;
+  /// Jobs whose submit found the scheduler busy and left them to the engine's intake thread
+  /// instead of waiting (docs/core.md, "Threads and the life of a job"); cumulative.
+  /// (Appended in 0.1, as the fields above.)
+  std::uint64_t intake_submits = 0;
 };
 
 /// A pool of worker threads that stores and loads KV blocks as files.

@@ -42,6 +42,7 @@ void Counters::snapshot(EngineStats& out) const noexcept {
   out.io_uring_rings_retired = get(io_uring_rings_retired_);
   out.io_timeouts = get(io_timeouts_);
   out.memory_fs_loads = get(memory_fs_loads_);
+  out.intake_submits = get(intake_submits_);
   out.io_uring_retired_errno = io_uring_retired_errno_.load(std::memory_order_relaxed);
 }
 

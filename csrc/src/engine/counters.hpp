@@ -18,6 +18,8 @@ class Counters {
   void record_block(bool load, const BlockResult& result) noexcept;
   /// Blocks failed by their deadline (EngineConfig::io_timeout_s).
   void record_timeouts(std::uint64_t blocks) noexcept { add(io_timeouts_, blocks); }
+  /// A job left in the scheduler's inbox by its submit (Scheduler::submit).
+  void record_intake_submit() noexcept { add(intake_submits_); }
   /// One completed job.
   void record_job(bool load, bool failed) noexcept;
   /// Copies every counter into `out` (the queue and running counts are the scheduler's).
@@ -33,7 +35,7 @@ class Counters {
   Counter load_blocks_{0}, store_blocks_{0}, failed_load_blocks_{0}, failed_store_blocks_{0};
   Counter load_bytes_{0}, store_bytes_{0}, dedup_skips_{0}, corrupt_files_removed_{0};
   Counter o_direct_fallbacks_{0}, io_uring_rings_retired_{0}, io_timeouts_{0};
-  Counter memory_fs_loads_{0};
+  Counter memory_fs_loads_{0}, intake_submits_{0};
   std::atomic<int> io_uring_retired_errno_{0};
 };
 

@@ -74,6 +74,7 @@ void Scheduler::submit(std::unique_ptr<Job> owned) {
   // The mutex is busy: nothing from here on can fail or wait.
   owned.release();
   outstanding_.fetch_add(1, std::memory_order_relaxed);
+  counters_.record_intake_submit();
   const bool first = push_inbox(job);
   // stop() takes the inbox after it sets stopping_ (both sequentially consistent): either
   // it saw this job, or this load sees it stopping and the job is cancelled here, never left
