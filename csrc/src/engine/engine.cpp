@@ -104,6 +104,7 @@ struct KVTIER_HIDDEN Engine::Impl {
   // Queues the jobs a submit left in the scheduler's inbox because its mutex was busy
   // (Scheduler::submit): at the caller's priority, so it preempts the store workers.
   std::thread intake;
+  std::atomic<bool> intake_started{false};  // a member: the thread notifies after it is set
 
   explicit Impl(EngineConfig cfg)
       : config(std::move(cfg)),
@@ -227,10 +228,16 @@ void Engine::Impl::start_workers() {
   }
   worker_cap = c.n_read_threads + c.n_write_threads;
   if (c.io_timeout_s > 0) watchdog = std::thread([this] { run_watchdog(); });
+  // Started before the constructor returns: a process that forks right after must not do
+  // so while the thread is still inside its start-up (a sanitizer runtime's start-up takes
+  // locks a child would then inherit held; the workers are waited for by their first batch).
   intake = std::thread([this] {
     ::pthread_setname_np(::pthread_self(), "kvtier-intake");
+    intake_started.store(true, std::memory_order_release);
+    intake_started.notify_one();
     scheduler->run_intake();
   });
+  intake_started.wait(false, std::memory_order_acquire);
 }
 
 // Starts a worker (workers_mutex held). Its body holds the shared I/O state by value: once
