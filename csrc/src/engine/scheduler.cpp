@@ -24,6 +24,19 @@ constexpr int kSubmitSpins = 64;
 // instead of growing the inbox without bound.
 constexpr std::size_t kInboxBound = 1024;
 
+// The outcome of a block that failed without any I/O of its own (cancelled, timed out,
+// refused at queueing): static text only, so recording it never allocates; the job's report
+// adds the block's path.
+BlockResult failure(int error, const char* operation, const char* note) noexcept {
+  BlockResult r;
+  r.error = error;
+  r.operation = operation;
+  r.note = note;
+  return r;
+}
+
+constexpr const char* kCancelledNote = "engine shut down before the block operation started";
+
 inline void spin_pause() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -132,7 +145,7 @@ void Scheduler::take_inbox() noexcept {
     oldest = job->inbox_next;
     job->inbox_next = nullptr;
     if (stopping_.load(std::memory_order_relaxed)) {
-      refuse(job, ECANCELED, "cancel", "engine shut down before the block operation started");
+      refuse(job, ECANCELED, "cancel", kCancelledNote);
       continue;
     }
     try {
@@ -173,13 +186,8 @@ void Scheduler::refuse(Job* job, int error, const char* operation, const char* n
     return;
   }
   Job* done = nullptr;
-  for (std::size_t i = 0; i < job->blocks.size(); ++i) {
-    BlockResult r;
-    r.error = error;
-    r.operation = operation;
-    r.note = note;
-    done = record_block({job, i}, std::move(r));
-  }
+  for (std::size_t i = 0; i < job->blocks.size(); ++i)
+    done = record_block({job, i}, failure(error, operation, note));
   completions_.publish(done);
 }
 
@@ -465,12 +473,9 @@ std::size_t Scheduler::expire(Clock::time_point now, Abandoned* out,
     after_batch(is_load, size);
     counters_.record_timeouts(size);
     for (std::size_t i = 0; i < size; ++i) {
-      BlockResult r;
-      r.error = ETIMEDOUT;
-      r.operation = is_load ? "load" : "store";
-      // Static text (no allocation); the job's report adds the block's path.
-      r.note = "block operation did not finish within io_timeout_s; abandoned in the kernel "
-               "(the storage stopped answering)";
+      BlockResult r = failure(ETIMEDOUT, is_load ? "load" : "store",
+                              "block operation did not finish within io_timeout_s; abandoned "
+                              "in the kernel (the storage stopped answering)");
       // Published with the mutex held, like a job without blocks: drain() never sees it gone
       // before it is poppable.
       if (Job* job = finish_block(tasks[i], std::move(r))) completions_.publish(job);
@@ -729,21 +734,16 @@ Job* Scheduler::record_block(const Task& task, BlockResult result) noexcept {
 // A block that never started, at shutdown; its job is published at once (mutex held).
 void Scheduler::cancel(const Task& task) noexcept {
   // No copy of the path or message: the report takes them from the job when it is popped.
-  BlockResult r;
-  r.error = ECANCELED;
-  r.operation = "cancel";
-  r.note = "engine shut down before the block operation started";
-  if (Job* job = finish_block(task, std::move(r))) completions_.publish(job);
+  if (Job* job = finish_block(task, failure(ECANCELED, "cancel", kCancelledNote)))
+    completions_.publish(job);
 }
 
 // A block that never started, beneath a root the caller found degraded (fail_unstarted); its
 // job is published at once when this was its last block (mutex held).
 void Scheduler::fail_before_start(const Task& task) noexcept {
-  BlockResult r;
-  r.error = ETIMEDOUT;
-  r.operation = task.job->is_load() ? "load" : "store";
-  r.note = "root is degraded (its storage stopped answering); the block operation failed "
-           "before it started";
+  BlockResult r = failure(ETIMEDOUT, task.job->is_load() ? "load" : "store",
+                          "root is degraded (its storage stopped answering); the block "
+                          "operation failed before it started");
   if (Job* job = finish_block(task, std::move(r))) completions_.publish(job);
 }
 
