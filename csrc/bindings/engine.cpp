@@ -159,7 +159,8 @@ py::dict stats_to_dict(const kvtier::EngineStats& s) {
                   "io_uring_rings_retired"_a = s.io_uring_rings_retired,
                   "io_timeouts"_a = s.io_timeouts, "abandoned_ops"_a = s.abandoned_ops,
                   "workers_replaced"_a = s.workers_replaced, "workers_stuck"_a = s.workers_stuck,
-                  "memory_fs_loads"_a = s.memory_fs_loads, "intake_submits"_a = s.intake_submits);
+                  "memory_fs_loads"_a = s.memory_fs_loads, "intake_submits"_a = s.intake_submits,
+                  "watchdog_pauses"_a = s.watchdog_pauses);
 }
 
 }  // namespace

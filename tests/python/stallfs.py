@@ -18,7 +18,6 @@ import ctypes
 import errno
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import job_control
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -212,12 +212,7 @@ class StallFS:
     def stop_daemon(self) -> None:
         """SIGSTOPs the daemon, as a hung FUSE server: everything on the mount blocks, the
         control socket included (only :meth:`abort` and teardown help then)."""
-        self.process.send_signal(signal.SIGSTOP)
-        deadline = time.monotonic() + WAIT_SECONDS
-        while not self._daemon_stopped():  # the signal lands asynchronously
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"stallfs daemon {self.process.pid} did not stop")
-            time.sleep(0.005)
+        job_control.stop(self.process.pid, WAIT_SECONDS)
 
     # -- teardown --------------------------------------------------------------------------
 
@@ -228,7 +223,7 @@ class StallFS:
         if self._closed:
             return
         self._closed = True
-        if self.process.poll() is None and not self._daemon_stopped():
+        if self.process.poll() is None and not job_control.is_stopped(self.process.pid):
             try:
                 self._command("reset", timeout=2.0)
             except OSError:
@@ -313,7 +308,7 @@ class StallFS:
         quiet_since, last_ops = time.monotonic(), -1
         deadline = time.monotonic() + WAIT_SECONDS
         while not self._unmount(0):
-            if self.process.poll() is not None or self._daemon_stopped():
+            if self.process.poll() is not None or job_control.is_stopped(self.process.pid):
                 return False
             try:
                 state = self.status()
@@ -337,13 +332,6 @@ class StallFS:
         if e in (errno.EINVAL, errno.ENOENT):  # not a mount point (any more)
             return True
         return False
-
-    def _daemon_stopped(self) -> bool:
-        try:
-            stat = Path(f"/proc/{self.process.pid}/stat").read_text()
-        except OSError:
-            return False
-        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
     def _wait_exit(self, timeout: float) -> bool:
         try:

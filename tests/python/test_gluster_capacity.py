@@ -28,6 +28,7 @@ from gluster import (
     start_worker,
     volume_fixture,
 )
+from job_control import stop
 from kvtier.tiering.fs.capacity import block_file_bytes
 from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, WriterRecord
 
@@ -289,8 +290,7 @@ def freeze_outside_a_pass(pid: int, root: Path) -> None:
     lock_fd = os.open(root / ".kvtier" / "evictor.lock", os.O_RDONLY)
     try:
         for _ in range(400):
-            os.kill(pid, signal.SIGSTOP)
-            wait_stopped(pid)
+            stop(pid)
             if not lock_held(lock_fd):
                 return
             os.kill(pid, signal.SIGCONT)
@@ -298,18 +298,6 @@ def freeze_outside_a_pass(pid: int, root: Path) -> None:
         pytest.fail(f"process {pid} was in an eviction pass at every try")
     finally:
         os.close(lock_fd)
-
-
-def wait_stopped(pid: int) -> None:
-    """Until the SIGSTOP sent to ``pid`` has landed (signals are delivered asynchronously)."""
-    deadline = time.monotonic() + 10
-    while True:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            if f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t"):
-                return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"process {pid} did not stop")
-        time.sleep(0.001)
 
 
 def test_process_frozen_holding_the_ledger_lock_stalls_no_other_host(gluster: Volume) -> None:

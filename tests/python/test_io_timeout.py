@@ -1,7 +1,8 @@
 """I/O deadlines of the native engine (``io_timeout_s``) over a real stall: a stallfs FUSE
 mount frozen under the engine's root. Jobs whose block operations are stuck in the kernel are
 reported with ETIMEDOUT, ``shutdown()`` and interpreter exit return with workers still stuck,
-and nothing is written into a reported job's memory when the mount thaws late.
+and nothing is written into a reported job's memory when the mount thaws late. Time the
+process is stopped (SIGSTOP) with a job in the kernel does not count against its deadline.
 
 The waits are hang guards (a frozen operation never returns by itself), never timing checks.
 """
@@ -9,7 +10,10 @@ The waits are hang guards (a frozen operation never returns by itself), never ti
 from __future__ import annotations
 
 import errno
+import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import job_control
 import numpy as np
 import pytest
 from kvtier import _core
@@ -39,7 +44,13 @@ def test_io_timeout_s_default_range_and_refusals(tmp_path: Path) -> None:
     for good in (lo, 0.25, hi):
         _core.Engine(str(tmp_path / "root"), **base, io_timeout_s=good).shutdown()
     stats = _core.Engine(str(tmp_path / "root"), **base).stats()
-    for key in ("io_timeouts", "abandoned_ops", "workers_replaced", "workers_stuck"):
+    for key in (
+        "io_timeouts",
+        "abandoned_ops",
+        "workers_replaced",
+        "workers_stuck",
+        "watchdog_pauses",
+    ):
         assert stats[key] == 0, key
 
 
@@ -214,4 +225,91 @@ def test_interpreter_exit_with_the_mount_still_frozen(stallfs: StallFS) -> None:
             if proc.poll() is None:
                 proc.kill()
             _, err = proc.communicate()
+    assert proc.returncode == 0, err
+
+
+PAUSED_TIMEOUT = 2.0  # io_timeout_s of the stopped child: long enough to SIGSTOP it in time
+
+PAUSED_CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    from kvtier import _core
+    root, io_engine, io_timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    engine = _core.Engine(root, n_read_threads=1, n_write_threads=1, io_engine=io_engine,
+                          o_direct=False, io_timeout_s=io_timeout)
+    payload = np.frombuffer(np.random.default_rng(7).bytes(65536), dtype=np.uint8).copy()
+    def run(job_id, submit, buf):
+        submit(job_id, [(root + "/paused", b"k", buf.ctypes.data, buf.nbytes)])
+        done = []
+        while not done:
+            done = engine.pop_completions()
+            time.sleep(0.01)
+        return done[0]
+    print("submitting", flush=True)
+    stored = run(1, engine.submit_store, payload)
+    report = {"stored": stored.success, "errnos": stored.block_errnos}
+    if stored.success:
+        back = np.zeros_like(payload)
+        loaded = run(2, engine.submit_load, back)
+        report["loaded"] = loaded.success and bool((back == payload).all())
+    s = engine.stats()
+    report.update(pauses=s["watchdog_pauses"], timeouts=s["io_timeouts"])
+    print(json.dumps(report), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("io_engine", "mount_answers_first"),
+    [("psync", True), ("io_uring", True), ("psync", False)],
+    ids=["psync-answered", "io_uring-answered", "psync-still-frozen"],
+)
+def test_time_the_process_is_stopped_does_not_count_against_its_deadline(
+    stallfs: StallFS, io_engine: str, mount_answers_first: bool
+) -> None:
+    """A process SIGSTOPped (as by a cgroup freezer or `docker pause`) for longer than
+    io_timeout_s with a store inside the kernel: once it runs again, the store is judged by the
+    time it ran, not by the clock. A mount that answered meanwhile costs no ETIMEDOUT and
+    leaves the root healthy; one still frozen is timed out as before."""
+    if (
+        io_engine == "io_uring"
+        and _core.Engine(str(stallfs.backing / "probe"), io_engine="auto").io_engine != "io_uring"
+    ):
+        pytest.skip("the kernel refuses io_uring here")
+    root = stallfs.mountpoint / "root"
+    root.mkdir()
+    stallfs.freeze("data")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_CHILD, str(root), io_engine, str(PAUSED_TIMEOUT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert _read_line(proc) == "submitting\n"
+        stallfs.wait_blocked(1)  # the store's write is inside the kernel
+        job_control.stop(proc.pid)
+        time.sleep(2 * PAUSED_TIMEOUT)  # its deadline passes while nothing of it runs
+        if mount_answers_first:
+            stallfs.thaw()
+            time.sleep(0.2)  # the daemon answered; the write returns once the process runs
+        os.kill(proc.pid, signal.SIGCONT)
+        line = _read_line(proc)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        stallfs.thaw()
+        try:
+            proc.wait(WAIT_SECONDS)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            _, err = proc.communicate()  # after the thaw: until then the child cannot exit
+    assert line, f"the child reported nothing: {err[-3000:]}"
+    report = json.loads(line)
+    assert report["pauses"] >= 1, report  # the watchdog saw the pause
+    if mount_answers_first:
+        assert report == {**report, "stored": True, "loaded": True, "timeouts": 0}, report
+    else:
+        assert report["errnos"] == [errno.ETIMEDOUT] and report["timeouts"] == 1, report
     assert proc.returncode == 0, err

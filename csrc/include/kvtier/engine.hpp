@@ -47,6 +47,11 @@ struct EngineStats {
   /// instead of waiting (docs/core.md, "Threads and the life of a job"); cumulative.
   /// (Appended in 0.1, as the fields above.)
   std::uint64_t intake_submits = 0;
+  /// Times the deadline's watchdog found it had not run for more than a tick with block
+  /// operations under a deadline (this process stopped or frozen, or starved of CPU) and gave
+  /// them that time back (docs/core.md, "I/O deadlines"); cumulative. (Appended in 0.1, as
+  /// the fields above.)
+  std::uint64_t watchdog_pauses = 0;
 };
 
 /// A pool of worker threads that stores and loads KV blocks as files.

@@ -43,6 +43,7 @@ void Counters::snapshot(EngineStats& out) const noexcept {
   out.io_timeouts = get(io_timeouts_);
   out.memory_fs_loads = get(memory_fs_loads_);
   out.intake_submits = get(intake_submits_);
+  out.watchdog_pauses = get(watchdog_pauses_);
   out.io_uring_retired_errno = io_uring_retired_errno_.load(std::memory_order_relaxed);
 }
 

@@ -20,6 +20,8 @@ class Counters {
   void record_timeouts(std::uint64_t blocks) noexcept { add(io_timeouts_, blocks); }
   /// A job left in the scheduler's inbox by its submit (Scheduler::submit).
   void record_intake_submit() noexcept { add(intake_submits_); }
+  /// The watchdog gave running batches back the time it was paused (Scheduler::watch).
+  void record_watchdog_pause() noexcept { add(watchdog_pauses_); }
   /// One completed job.
   void record_job(bool load, bool failed) noexcept;
   /// Copies every counter into `out` (the queue and running counts are the scheduler's).
@@ -35,7 +37,7 @@ class Counters {
   Counter load_blocks_{0}, store_blocks_{0}, failed_load_blocks_{0}, failed_store_blocks_{0};
   Counter load_bytes_{0}, store_bytes_{0}, dedup_skips_{0}, corrupt_files_removed_{0};
   Counter o_direct_fallbacks_{0}, io_uring_rings_retired_{0}, io_timeouts_{0};
-  Counter memory_fs_loads_{0}, intake_submits_{0};
+  Counter memory_fs_loads_{0}, intake_submits_{0}, watchdog_pauses_{0};
   std::atomic<int> io_uring_retired_errno_{0};
 };
 

@@ -37,6 +37,16 @@ BlockResult failure(int error, const char* operation, const char* note) noexcept
 
 constexpr const char* kCancelledNote = "engine shut down before the block operation started";
 
+// How often the watchdog looks while a batch has a deadline (a quarter of io_timeout, at
+// most 250 ms), and the time a batch has at least once a pause is over (its whole timeout,
+// at most a second): a pause costs a batch at most a tick of its timeout.
+Clock::duration watch_tick(Clock::duration io_timeout) noexcept {
+  return std::min<Clock::duration>(io_timeout / 4, std::chrono::milliseconds(250));
+}
+Clock::duration pause_grace(Clock::duration io_timeout) noexcept {
+  return std::min<Clock::duration>(io_timeout, std::chrono::seconds(1));
+}
+
 inline void spin_pause() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -425,20 +435,45 @@ void Scheduler::unlink_running(Batch& batch) noexcept {
 std::size_t Scheduler::watch(Abandoned* out, std::size_t capacity, Clock::duration poll) noexcept {
   std::unique_lock lock(mutex_);
   const Clock::time_point give_up = Clock::now() + poll;
+  const Clock::duration tick = watch_tick(options_.io_timeout);
+  std::size_t n = 0;
   while (!watchdog_stopped_) {
     const Clock::time_point now = Clock::now();
-    if (const std::size_t n = expire(now, out, capacity)) return n;
-    if (now >= give_up) return 0;
+    if (now - watch_planned_ > tick) credit_pause(now);
+    n = expire(now, out, capacity);
+    if (n > 0 || now >= give_up) break;
     // Until the front batch's deadline; shortly when it is still copying past it (it is
-    // timed out as soon as it enters the kernel).
+    // timed out as soon as it enters the kernel). At least every tick while a batch runs:
+    // a wake-up that comes a tick late is how a pause shows (credit_pause).
     Clock::time_point until = give_up;
     if (running_oldest_ != nullptr)
-      until = std::min(until, running_oldest_->deadline > now
-                                  ? running_oldest_->deadline
-                                  : now + std::chrono::milliseconds(5));
+      until = std::min({until, now + tick,
+                        running_oldest_->deadline > now ? running_oldest_->deadline
+                                                        : now + std::chrono::milliseconds(5)});
+    watch_planned_ = until;
     watchdog_.wait_until(lock, until);
   }
-  return 0;
+  // The caller is back at once (its work between two calls is short): a return that comes
+  // later than that is a pause too.
+  watch_planned_ = Clock::now();
+  return n;
+}
+
+// The watchdog woke more than a tick after it planned: this process was stopped (SIGSTOP, a
+// cgroup freezer, `docker pause`, a VM paused) or the watchdog got no CPU. Time the watchdog
+// could not watch does not count against a deadline: every batch gets the time since the
+// planned wake-up back (since its start, if it started after that), and at least a grace
+// to return in, for its worker has not run since the pause either. The list stays in
+// deadline order: the batches that started before the planned wake-up all move by the same
+// amount, and every later one ends at now + io_timeout, after all of them.
+void Scheduler::credit_pause(Clock::time_point now) noexcept {
+  if (running_oldest_ == nullptr) return;  // nothing was under a deadline
+  const Clock::time_point floor = now + pause_grace(options_.io_timeout);
+  for (Batch* batch = running_oldest_; batch != nullptr; batch = batch->running_next) {
+    const Clock::time_point start = batch->deadline - options_.io_timeout;
+    batch->deadline = std::max(batch->deadline + (now - std::max(watch_planned_, start)), floor);
+  }
+  counters_.record_watchdog_pause();
 }
 
 // Times out the batches past their deadline that are inside the kernel (mutex held). The

@@ -261,6 +261,7 @@ class Scheduler {
   void link_running(Batch& batch) noexcept;
   void unlink_running(Batch& batch) noexcept;
   std::size_t expire(Clock::time_point now, Abandoned* out, std::size_t capacity) noexcept;
+  void credit_pause(Clock::time_point now) noexcept;
   void end_publication(Publication& publication) noexcept;
   bool drained_through(std::uint64_t horizon) const noexcept;
   bool publishing_begun_by(std::uint64_t ticket) const noexcept;
@@ -317,6 +318,8 @@ class Scheduler {
   Batch* running_newest_ = nullptr;
   std::condition_variable watchdog_;
   bool watchdog_stopped_ = false;
+  // When the watchdog meant to look next; later than a tick past it, it was paused.
+  Clock::time_point watch_planned_ = Clock::now();
 
   Counters counters_;
   std::atomic<std::uint64_t> outstanding_{0};  // submitted jobs not yet completed (stats)

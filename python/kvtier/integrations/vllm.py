@@ -122,6 +122,8 @@ _COUNTERS = {
     "rejected_stores": "kvtier stores refused for lack of budget (eviction 'none').",
     "io_timeouts": "kvtier block operations that missed their deadline (io_timeout_s).",
     "workers_replaced": "kvtier I/O workers replaced because they were stuck in the kernel.",
+    "watchdog_pauses": "Times kvtier found this process had been paused (SIGSTOP, a cgroup "
+    "freezer) with I/O under a deadline and gave that I/O the paused time back.",
     "degraded_jobs": "kvtier jobs failed at once because the root was degraded.",
     "lookup_timeouts": "kvtier lookups whose check did not answer by io_timeout_s (answered "
     "absent).",

@@ -63,7 +63,13 @@ def test_capacity_counters_reach_vllm_metrics(
     engine = make_engine([config])
     definitions = TieringOffloadingSpec.build_metric_definitions(engine.spec.config.extra_config)
     gauges = ("used_bytes", "reserved_bytes", "capacity_bytes")
-    stalls = ("io_timeouts", "degraded_jobs", "lookup_timeouts", "ledger_close_failures")
+    stalls = (
+        "io_timeouts",
+        "watchdog_pauses",
+        "degraded_jobs",
+        "lookup_timeouts",
+        "ledger_close_failures",
+    )
     for name in (*gauges, "evicted_blocks", "evicted_bytes", *stalls):
         assert f"vllm:kvtier_{name}" in definitions
     fill(engine, 12)
