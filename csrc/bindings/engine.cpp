@@ -160,7 +160,8 @@ py::dict stats_to_dict(const kvtier::EngineStats& s) {
                   "io_timeouts"_a = s.io_timeouts, "abandoned_ops"_a = s.abandoned_ops,
                   "workers_replaced"_a = s.workers_replaced, "workers_stuck"_a = s.workers_stuck,
                   "memory_fs_loads"_a = s.memory_fs_loads, "intake_submits"_a = s.intake_submits,
-                  "watchdog_pauses"_a = s.watchdog_pauses);
+                  "watchdog_pauses"_a = s.watchdog_pauses,
+                  "memory_fs_stores"_a = s.memory_fs_stores);
 }
 
 }  // namespace

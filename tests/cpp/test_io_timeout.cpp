@@ -399,32 +399,45 @@ KV_TEST(a_stuck_store_never_reads_the_callers_memory_after_its_report) {
   CHECK(out == bytes);
 }
 
+// A directory of its own on /dev/shm and an engine on it with io_timeout_s 0.3, for the tests
+// of the paths that skip the arena on a memory file system; removed at the end.
+struct ShmRoot {
+  std::string dir;
+  ShmRoot() {
+    char tmpl[] = "/dev/shm/kvtier-cpp-test.XXXXXX";
+    CHECK(::mkdtemp(tmpl) != nullptr);
+    dir = tmpl;
+  }
+  ~ShmRoot() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  }
+  kvtier::EngineConfig config() const {
+    kvtier::EngineConfig c;
+    c.set_root_dir(dir).set_o_direct(kvtier::ODirectMode::kOff).set_n_read_threads(1);
+    c.set_n_write_threads(1).set_fingerprint("test-fingerprint");
+    c.set_io_engine(kvtier::IoEngine::kPsync).set_io_timeout_s(0.3);
+    return c;
+  }
+};
+
+bool shm_is_memory() {
+  (void)g_tmpdir_moved;
+  if (memory_only("/dev/shm")) return true;
+  std::printf("SKIP: /dev/shm is not a memory file system without swap here\n");
+  return false;
+}
+
 // On a memory file system the read runs after the claim: a read stuck there (nothing on
 // tmpfs waits on a device, but an interposed stall can) holds its job instead of being
 // abandoned, and the job is reported only once the read returned, with its bytes. Both halves
 // of the invariant show: the caller's memory is written before the report, never after.
 KV_TEST(a_stuck_read_from_tmpfs_is_waited_for_never_abandoned) {
-  if (!memory_only("/dev/shm")) {
-    std::printf("SKIP: /dev/shm is not a memory file system without swap here\n");
-    return;
-  }
-  (void)g_tmpdir_moved;
-  char tmpl[] = "/dev/shm/kvtier-cpp-test.XXXXXX";
-  CHECK(::mkdtemp(tmpl) != nullptr);
-  struct RemoveAtExit {
-    std::string path;
-    ~RemoveAtExit() {
-      std::error_code ignored;
-      std::filesystem::remove_all(path, ignored);
-    }
-  } remove{tmpl};
-  const std::string path = std::string(tmpl) + "/stall_m";
+  if (!shm_is_memory()) return;
+  ShmRoot root;
+  const std::string path = root.dir + "/stall_m";
   const std::vector<unsigned char> bytes = kvtest::pattern(kBlock, 9);
-  kvtier::EngineConfig config;
-  config.set_root_dir(tmpl).set_o_direct(kvtier::ODirectMode::kOff).set_n_read_threads(1);
-  config.set_n_write_threads(1).set_fingerprint("test-fingerprint");
-  config.set_io_engine(kvtier::IoEngine::kPsync).set_io_timeout_s(0.3);
-  kvtier::Engine engine(config);
+  kvtier::Engine engine(root.config());
   ReleaseAtExit guard;
   put_block(engine, 1, path, bytes);
   std::vector<unsigned char> target(kBlock, kCanary);
@@ -446,6 +459,39 @@ KV_TEST(a_stuck_read_from_tmpfs_is_waited_for_never_abandoned) {
   const kvtier::EngineStats s = engine.stats();
   CHECK_EQ(s.io_timeouts, std::uint64_t{0});
   CHECK_EQ(s.memory_fs_loads, std::uint64_t{1});
+}
+
+// The same for a store (docs/core.md, "Stores to memory"): its write into tmpfs runs after the
+// claim, straight from the caller's memory, so a write stuck there holds the job, which is
+// reported only after the write returned and the file was renamed into place.
+KV_TEST(a_stuck_write_to_tmpfs_is_waited_for_never_abandoned) {
+  if (!shm_is_memory()) return;
+  ShmRoot root;
+  const std::string path = root.dir + "/stall_w";
+  const std::vector<unsigned char> bytes = kvtest::pattern(kBlock, 11);
+  kvtier::Engine engine(root.config());
+  ReleaseAtExit guard;
+  arm();
+  engine.submit(1, kvtier::Direction::kStore,
+                {kvtest::block(path, "k", const_cast<unsigned char*>(bytes.data()), kBlock)});
+  kvtest::wait_until([] { return g_entered.load() == 1; }, "the write stalled");
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));  // three deadlines
+  CHECK(engine.pop_completions().empty());
+  CHECK_EQ(engine.stats().io_timeouts, std::uint64_t{0});
+  CHECK(!kvtest::file_exists(path));
+  release();
+  std::vector<kvtier::Completion> out;
+  kvtest::pop_exactly(engine, 1, out);
+  CHECK_EQ(g_returned.load(), 1);
+  CHECK_MSG(out[0].success, describe(out[0]));
+  CHECK(kvtest::file_exists(path));  // published before the report
+  std::vector<unsigned char> back(kBlock, 0);
+  const kvtier::Completion loaded = kvtest::load(engine, 2, path, "k", back.data(), kBlock);
+  CHECK_MSG(loaded.success, describe(loaded));
+  CHECK(back == bytes);
+  const kvtier::EngineStats s = engine.stats();
+  CHECK_EQ(s.io_timeouts, std::uint64_t{0});
+  CHECK_EQ(s.memory_fs_stores, std::uint64_t{1});
 }
 
 KV_TEST(io_timeout_s_is_validated) {

@@ -52,6 +52,11 @@ struct EngineStats {
   /// them that time back (docs/core.md, "I/O deadlines"); cumulative. (Appended in 0.1, as
   /// the fields above.)
   std::uint64_t watchdog_pauses = 0;
+  /// Blocks stored under io_timeout_s straight from the caller's memory, without the
+  /// worker's own copy, because their tmp file landed on a file system that holds only memory
+  /// (as memory_fs_loads; docs/core.md, "Stores to memory"). (Appended in 0.1, as the fields
+  /// above.)
+  std::uint64_t memory_fs_stores = 0;
 };
 
 /// A pool of worker threads that stores and loads KV blocks as files.

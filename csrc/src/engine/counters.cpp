@@ -16,7 +16,7 @@ void Counters::record_block(bool load, const BlockResult& result) noexcept {
   add(load ? load_blocks_ : store_blocks_);
   add(load ? load_bytes_ : store_bytes_, result.bytes);
   if (result.dedup) add(dedup_skips_);
-  if (result.from_memory_fs) add(memory_fs_loads_);
+  if (result.from_memory_fs) add(load ? memory_fs_loads_ : memory_fs_stores_);
 }
 
 void Counters::record_job(bool load, bool failed) noexcept {
@@ -42,6 +42,7 @@ void Counters::snapshot(EngineStats& out) const noexcept {
   out.io_uring_rings_retired = get(io_uring_rings_retired_);
   out.io_timeouts = get(io_timeouts_);
   out.memory_fs_loads = get(memory_fs_loads_);
+  out.memory_fs_stores = get(memory_fs_stores_);
   out.intake_submits = get(intake_submits_);
   out.watchdog_pauses = get(watchdog_pauses_);
   out.io_uring_retired_errno = io_uring_retired_errno_.load(std::memory_order_relaxed);

@@ -37,7 +37,7 @@ class Counters {
   Counter load_blocks_{0}, store_blocks_{0}, failed_load_blocks_{0}, failed_store_blocks_{0};
   Counter load_bytes_{0}, store_bytes_{0}, dedup_skips_{0}, corrupt_files_removed_{0};
   Counter o_direct_fallbacks_{0}, io_uring_rings_retired_{0}, io_timeouts_{0};
-  Counter memory_fs_loads_{0}, intake_submits_{0}, watchdog_pauses_{0};
+  Counter memory_fs_loads_{0}, memory_fs_stores_{0}, intake_submits_{0}, watchdog_pauses_{0};
   std::atomic<int> io_uring_retired_errno_{0};
 };
 

@@ -78,7 +78,8 @@ void place(const WorkerPlacement& placement) {
 
 namespace {
 
-enum class MemoryLoad { kDone, kAbandoned, kNotMemory };
+// How a batch fared on the path that skips the arena for a file system of memory.
+enum class FromMemory { kDone, kAbandoned, kNotMemory };
 
 // A load batch under a deadline whose files hold only memory (fs/memory_fs.hpp): read straight
 // into the caller's memory, as without a deadline, instead of into the arena and copied out.
@@ -93,10 +94,10 @@ enum class MemoryLoad { kDone, kAbandoned, kNotMemory };
 // kNotMemory: some file is elsewhere (a file system mounted below the root, swap switched
 // on, device memory to fill); the files are closed and the batch is left claimed, for the
 // arena path to put back under its deadline. kAbandoned: the watchdog timed the opens out.
-MemoryLoad load_from_memory(const IoContext& io, WorkerContext& worker, Batch& batch) {
+FromMemory load_from_memory(const IoContext& io, WorkerContext& worker, Batch& batch) {
   const std::size_t n = batch.size;
   for (std::size_t i = 0; i < n; ++i)
-    if (!payload_in_host_memory(*batch.ops[i])) return MemoryLoad::kNotMemory;
+    if (!payload_in_host_memory(*batch.ops[i])) return FromMemory::kNotMemory;
   OpenedLoad files[kMaxBatchBlocks];
   bool opened[kMaxBatchBlocks] = {};
   const bool root_now = io.root_memory.now();  // swap, asked once for the batch
@@ -106,10 +107,10 @@ MemoryLoad load_from_memory(const IoContext& io, WorkerContext& worker, Batch& b
     opened[i] = open_load(io, *batch.ops[i], files[i], batch.results[i]);
     memory = !opened[i] || io.root_memory.holds(files[i].fd.get(), files[i].st, root_now);
   }
-  if (!batch.claim()) return MemoryLoad::kAbandoned;
+  if (!batch.claim()) return FromMemory::kAbandoned;
   if (!memory) {
     for (std::size_t i = 0; i < n; ++i) batch.results[i] = BlockResult();
-    return MemoryLoad::kNotMemory;
+    return FromMemory::kNotMemory;
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (!opened[i]) continue;  // its result says why (a missing block, a link, ...)
@@ -117,7 +118,57 @@ MemoryLoad load_from_memory(const IoContext& io, WorkerContext& worker, Batch& b
     batch.results[i] = read_load(io, worker, *batch.ops[i], files[i], batch.ready());
     batch.results[i].from_memory_fs = batch.results[i].ok();
   }
-  return MemoryLoad::kDone;
+  return FromMemory::kDone;
+}
+
+// A store batch under a deadline whose tmp files land on a file system of memory: written
+// straight from the caller's memory, as without a deadline, instead of copied into the arena
+// first. As for loads from memory, the caller's memory is read only while the worker has
+// claimed the batch, which the watchdog never times out; what touches the file system (the
+// directory, the tmp file's creation, the sync and the rename) runs under the deadline, before
+// and after. A write into tmpfs or ramfs is a copy into memory.
+//
+// kNotMemory: some tmp file is elsewhere (a file system mounted below the root, swap switched
+// on) or a payload is device memory; the tmp files are removed and the batch is left claimed,
+// for the arena path. kAbandoned: the watchdog timed the batch out in a kernel phase.
+FromMemory store_to_memory(const IoContext& io, WorkerContext& worker, Batch& batch) {
+  const std::size_t n = batch.size;
+  for (std::size_t i = 0; i < n; ++i)
+    if (!payload_in_host_memory(*batch.ops[i])) return FromMemory::kNotMemory;
+  OpenedStore files[kMaxBatchBlocks];
+  bool opened[kMaxBatchBlocks] = {};
+  const bool root_now = io.root_memory.now();
+  bool memory = true;
+  batch.enter_kernel();
+  for (std::size_t i = 0; i < n && memory; ++i) {
+    opened[i] = open_store(io, *batch.ops[i], files[i], batch.results[i]);
+    memory = !opened[i] || io.root_memory.holds(files[i].file.fd.get(), files[i].st, root_now);
+  }
+  if (!memory) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (opened[i]) files[i].file.discard_tmp();  // still under the deadline: any file system
+      batch.results[i] = BlockResult();
+    }
+  }
+  const bool claimed = batch.claim();
+  if (!claimed || !memory) {
+    if (!claimed)  // abandoned: its own files only, never the caller's memory
+      for (std::size_t i = 0; i < n; ++i)
+        if (opened[i]) files[i].file.discard_tmp();
+    return claimed ? FromMemory::kNotMemory : FromMemory::kAbandoned;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!opened[i]) continue;  // its result says why
+    batch.results[i] = write_store(io, worker, *batch.ops[i], files[i], batch.ready());
+    opened[i] = batch.results[i].ok();
+  }
+  batch.enter_kernel();  // the syncs and renames: back under the batch's deadline
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!opened[i]) continue;
+    batch.results[i] = publish_store(io, *batch.ops[i], files[i]);
+    batch.results[i].from_memory_fs = batch.results[i].ok();
+  }
+  return batch.claim() ? FromMemory::kDone : FromMemory::kAbandoned;
 }
 
 // A batch under a deadline (EngineConfig::io_timeout_s > 0), on the worker's own buffers:
@@ -130,13 +181,14 @@ MemoryLoad load_from_memory(const IoContext& io, WorkerContext& worker, Batch& b
 // with the header's before the block counts as loaded. Device loads are checked in the
 // arena by the I/O engine before the copy, so only verified bytes reach device memory.
 bool run_owned(const IoContext& io, WorkerContext& worker, OwnedPayloads& owned, Batch& batch) {
-  if (batch.is_load && io.root_memory.possible()) {
-    switch (load_from_memory(io, worker, batch)) {
-      case MemoryLoad::kDone:
+  if (io.root_memory.possible()) {
+    switch (batch.is_load ? load_from_memory(io, worker, batch)
+                          : store_to_memory(io, worker, batch)) {
+      case FromMemory::kDone:
         return true;
-      case MemoryLoad::kAbandoned:
+      case FromMemory::kAbandoned:
         return false;
-      case MemoryLoad::kNotMemory:
+      case FromMemory::kNotMemory:
         break;  // claimed: below, enter_kernel() puts the batch back under its deadline
     }
   }

@@ -3,9 +3,9 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
-// Whether reading a file can only copy memory: the test behind loads that skip the worker's
-// arena under a deadline and read in checked pieces (worker.cpp, docs/core.md "Loads from
-// memory").
+// Whether reading or writing a file can only copy memory: the test behind loads and stores
+// that skip the worker's arena under a deadline (worker.cpp, docs/core.md "Loads from memory",
+// "Stores to memory"); loads there also read in checked pieces.
 //
 // A deadline (EngineConfig::io_timeout_s) exists for storage that stops answering. A file of
 // ramfs, or of tmpfs on a machine without swap, has no storage behind it: its pages are in

@@ -48,7 +48,8 @@ struct BlockResult {
   dev_t file_dev = 0;
   ino_t file_ino = 0;
   /// Loaded under a deadline straight into the caller's memory from a file that holds only
-  /// memory (fs/memory_fs.hpp), without the worker's arena (EngineStats::memory_fs_loads).
+  /// memory (fs/memory_fs.hpp), or stored straight from it into such a file, without the
+  /// worker's arena (EngineStats::memory_fs_loads, memory_fs_stores).
   bool from_memory_fs = false;
 
   bool ok() const noexcept { return error == 0; }

@@ -79,6 +79,26 @@ StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, co
   return {pwritev_full(fd, {{worker.header.data(), kHeaderSize}}, 0), "pwrite"};
 }
 
+// The header and payload into the open tmp file. A payload gathered through a staging buffer
+// takes its CRC there (the plan's, if any, is the same value).
+StepError write_block(const IoContext& ctx, WorkerContext& worker, const BlockFile& file,
+                      const BlockOp& op, cuda::Event ready, const CrcPlan* plan) {
+  std::vector<Segment> scratch;
+  const std::vector<Segment>* staged = staged_segments(op, file.direct, scratch);
+  return staged ? write_segments(ctx, worker, file.fd.get(), op, *staged, ready)
+                : write_in_place(ctx, worker, file.fd.get(), op, in_place_payload(op, scratch),
+                                 file.direct, plan);
+}
+
+// The written tmp file synced (with durability) and renamed into place.
+BlockResult sync_and_publish(const IoContext& ctx, const BlockOp& op, BlockFile& file,
+                             bool& vanished) {
+  vanished = false;
+  if (ctx.config->durability != Durability::kNone && ::fdatasync(file.fd.get()) != 0)
+    return file.fail_store(errno, "fdatasync");
+  return publish_tmp(ctx, op, file, vanished);
+}
+
 }  // namespace
 
 namespace {
@@ -89,18 +109,10 @@ BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const 
   BlockFile file;
   if (!open_tmp(ctx, op, file, result)) return result;
   // From here on every failure removes the tmp file: nothing half-written is left behind.
-  std::vector<Segment> scratch;
-  const std::vector<Segment>* staged = staged_segments(op, file.direct, scratch);
-  // A payload gathered through a staging buffer takes its CRC there (the plan's, if any, is
-  // the same value).
-  StepError written = staged ? write_segments(ctx, worker, file.fd.get(), op, *staged, ready)
-                             : write_in_place(ctx, worker, file.fd.get(), op,
-                                              in_place_payload(op, scratch), file.direct, plan);
-  if (written) return file.fail_store(written.error, written.operation, std::move(written.message));
-  if (ctx.config->durability != Durability::kNone && ::fdatasync(file.fd.get()) != 0)
-    return file.fail_store(errno, "fdatasync");
+  if (StepError e = write_block(ctx, worker, file, op, ready, plan))
+    return file.fail_store(e.error, e.operation, std::move(e.message));
   bool vanished = false;
-  result = publish_tmp(ctx, op, file, vanished);
+  result = sync_and_publish(ctx, op, file, vanished);
   // The tmp name went although the file was linked: write the block again under a new name,
   // once (see publish_tmp).
   if (vanished && retry_vanished)
@@ -420,6 +432,42 @@ bool open_load(const IoContext& ctx, const BlockOp& op, OpenedLoad& file,
 BlockResult read_load(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                       OpenedLoad& file, cuda::Event ready, const CrcPlan* crc) noexcept {
   return guarded(op, "load", [&] { return read_load_impl(ctx, worker, op, file, ready, crc); });
+}
+
+bool open_store(const IoContext& ctx, const BlockOp& op, OpenedStore& store,
+                BlockResult& result) noexcept {
+  bool opened = false;
+  result = guarded(op, "store", [&] {
+    BlockResult r;
+    opened = open_tmp(ctx, op, store.file, r);
+    if (opened && ::fstat(store.file.fd.get(), &store.st) != 0) {
+      r = store.file.fail_store(errno, "fstat");
+      opened = false;
+    }
+    return r;
+  });
+  if (!opened) store.file.discard_tmp();
+  return opened;
+}
+
+BlockResult write_store(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                        OpenedStore& store, cuda::Event ready) noexcept {
+  BlockResult r = guarded(op, "store", [&] {
+    if (StepError e = write_block(ctx, worker, store.file, op, ready, nullptr))
+      return store.file.fail_store(e.error, e.operation, std::move(e.message));
+    return BlockResult();
+  });
+  if (!r.ok()) store.file.discard_tmp();  // again where an exception skipped fail_store
+  return r;
+}
+
+BlockResult publish_store(const IoContext& ctx, const BlockOp& op, OpenedStore& store) noexcept {
+  BlockResult r = guarded(op, "store", [&] {
+    bool vanished = false;  // no second write here: the payload is not to be read again
+    return sync_and_publish(ctx, op, store.file, vanished);
+  });
+  if (!r.ok()) store.file.discard_tmp();
+  return r;
 }
 
 bool remove_corrupt_file(const IoContext& ctx, const BlockOp& op, dev_t dev, ino_t ino) {

@@ -56,6 +56,24 @@ bool open_load(const IoContext& ctx, const BlockOp& op, OpenedLoad& file,
 BlockResult read_load(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                       OpenedLoad& file, cuda::Event ready, const CrcPlan* crc = nullptr) noexcept;
 
+/// store_block in three steps, for a caller that writes the payload outside its deadline
+/// (the worker's stores to a file system of memory, worker.cpp): open_store creates the
+/// block's directory and this writer's locked tmp file and fstats it (`st`, for
+/// RootMemory::holds); write_store writes the header and the payload, its CRC32C taken from
+/// the op's memory; publish_store syncs the file (with durability) and renames it into place.
+/// A step that fails removes the tmp file and says why in its result (open_store: in
+/// `result`, returning false); a tmp file no step failed on is removed by discard_tmp().
+/// Never throw.
+struct OpenedStore {
+  BlockFile file;
+  struct stat st{};
+};
+bool open_store(const IoContext& ctx, const BlockOp& op, OpenedStore& store,
+                BlockResult& result) noexcept;
+BlockResult write_store(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
+                        OpenedStore& store, cuda::Event ready) noexcept;
+BlockResult publish_store(const IoContext& ctx, const BlockOp& op, OpenedStore& store) noexcept;
+
 /// Removes the block file at op.path if it is still the file (`dev`, `ino`) that failed
 /// verification, so the next lookup is a clean miss (what load_block does with a file that
 /// does not verify). True when it was removed. Touches the file system: callers under a

@@ -1,9 +1,10 @@
-"""Loads under a deadline from a file system that holds only memory (docs/core.md, "Loads
-from memory"): on tmpfs without swap the worker reads straight into the caller's memory
-instead of through its arena, and checks the CRC32C there. Real tmpfs mounts, real files.
+"""Loads and stores under a deadline on a file system that holds only memory (docs/core.md,
+"Loads from memory", "Stores to memory"): on tmpfs without swap the worker reads straight
+into the caller's memory, and writes straight from it, instead of through its arena, with
+the CRC32C taken there. Real tmpfs mounts, real files.
 
-`memory_fs_loads` (a stats counter) says which path a block took; every test also checks the
-bytes, so a path that ran but moved the wrong bytes fails too.
+`memory_fs_loads` and `memory_fs_stores` (stats counters) say which path a block took; every
+test also checks the bytes, so a path that ran but moved the wrong bytes fails too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,8 +57,6 @@ class Buffer:
 
 
 def _collect(engine, job_id: int):
-    import time
-
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         for c in engine.pop_completions():
@@ -79,16 +80,19 @@ def _store(engine, root: Path, n: int, size: int, seed: int):
     return src, paths, keys
 
 
-def _loaded_back_from_memory_fs(engine, root: Path, n: int, size: int, seed: int) -> int:
-    """Stores n blocks, loads them back into fresh rows, checks the bytes; returns how many
-    blocks took the memory path (the engine's `memory_fs_loads`)."""
+def _through_memory_fs(engine, root: Path, n: int, size: int, seed: int) -> tuple[int, int]:
+    """Stores n blocks, loads them back into fresh rows, checks the bytes and that no tmp file
+    is left; returns how many blocks took the memory path each way (the engine's
+    `memory_fs_stores` and `memory_fs_loads`)."""
     src, paths, keys = _store(engine, root, n, size, seed)
     dst = Buffer(n, size)
     engine.submit_load(2, dst.blocks(paths, keys))
     c = _collect(engine, 2)
     assert c.success, c.error
     assert np.array_equal(dst.rows, src.rows)
-    return int(engine.stats()["memory_fs_loads"])
+    assert sorted(p for p in (root / "blocks").rglob("*") if p.is_file()) == sorted(paths)
+    stats = engine.stats()
+    return int(stats["memory_fs_stores"]), int(stats["memory_fs_loads"])
 
 
 def _skip_on_memory_fs(path: Path) -> None:
@@ -100,7 +104,7 @@ def _skip_on_memory_fs(path: Path) -> None:
 
 @pytest.mark.parametrize("io_engine", ["psync", "io_uring"])
 @pytest.mark.parametrize("size", [256 << 10, (2 << 20) + 100])
-def test_loads_from_tmpfs_skip_the_arena_and_arrive_whole(
+def test_stores_and_loads_on_tmpfs_skip_the_arena_and_arrive_whole(
     tmpfs_mount: Path, io_engine: str, size: int
 ) -> None:
     if io_engine == "io_uring" and (reason := io_uring_refusal(tmpfs_mount / "probe")):
@@ -108,18 +112,18 @@ def test_loads_from_tmpfs_skip_the_arena_and_arrive_whole(
     engine = _core.Engine(str(tmpfs_mount), n_read_threads=2, n_write_threads=2,
                           io_engine=io_engine, io_timeout_s=10.0)  # fmt: skip
     try:
-        assert _loaded_back_from_memory_fs(engine, tmpfs_mount, 6, size, seed=size) == 6
+        assert _through_memory_fs(engine, tmpfs_mount, 6, size, seed=size) == (6, 6)
     finally:
         engine.shutdown()
 
 
-def test_loads_from_a_disk_root_use_the_arena(tmp_path: Path) -> None:
+def test_a_disk_root_uses_the_arena(tmp_path: Path) -> None:
     """The counter can fail: a root that is not memory (the test's own directory, a disk
     here; skipped where tmp_path is itself a tmpfs) takes the arena path."""
     _skip_on_memory_fs(tmp_path)
     engine = _core.Engine(str(tmp_path), n_read_threads=1, n_write_threads=1, io_timeout_s=10.0)
     try:
-        assert _loaded_back_from_memory_fs(engine, tmp_path, 3, 256 << 10, seed=1) == 0
+        assert _through_memory_fs(engine, tmp_path, 3, 256 << 10, seed=1) == (0, 0)
     finally:
         engine.shutdown()
 
@@ -138,12 +142,12 @@ def _mounted_below(root: Path, mount_args: list[str]) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(below)])
 
 
-def _loaded_back_below(root: Path, seed: int) -> int:
+def _through_below(root: Path, seed: int) -> tuple[int, int]:
     """Of 3 blocks of 256 KiB stored and loaded back under a deadline by an engine on
-    ``root``, how many took the memory path."""
+    ``root``, how many took the memory path each way."""
     engine = _core.Engine(str(root), n_read_threads=1, n_write_threads=1, io_timeout_s=10.0)
     try:
-        return _loaded_back_from_memory_fs(engine, root, 3, 256 << 10, seed=seed)
+        return _through_memory_fs(engine, root, 3, 256 << 10, seed=seed)
     finally:
         engine.shutdown()
 
@@ -151,22 +155,23 @@ def _loaded_back_below(root: Path, seed: int) -> int:
 def test_a_second_tmpfs_mounted_below_a_tmpfs_root_is_asked_per_file(tmpfs_mount: Path) -> None:
     """A file on another file system than the root's (its st_dev differs) is asked itself
     (fstatfs), not judged by the root's type learnt at start: a tmpfs of its own below a tmpfs
-    root still loads from memory, every block of the batch."""
+    root still stores and loads from memory, every block of the batch."""
     with _mounted_below(tmpfs_mount, ["-t", "tmpfs", "-o", "size=16m", "tmpfs"]) as below:
         assert os.stat(below).st_dev != os.stat(tmpfs_mount).st_dev
-        assert _loaded_back_below(tmpfs_mount, seed=3) == 3
+        assert _through_below(tmpfs_mount, seed=3) == (3, 3)
 
 
 def test_a_disk_directory_bound_below_a_tmpfs_root_uses_the_arena(
     tmpfs_mount: Path, tmp_path: Path
 ) -> None:
     """A file system mounted below a memory root (here a bind mount of a disk directory) is
-    found per file, after the open: those loads go through the arena under the deadline."""
+    found per file, after the open: those loads and stores go through the arena under the
+    deadline (a store's tmp file, created there before it was judged, is removed first)."""
     disk = tmp_path / "disk"
     disk.mkdir()
     _skip_on_memory_fs(disk)
     with _mounted_below(tmpfs_mount, ["--bind", str(disk)]):
-        assert _loaded_back_below(tmpfs_mount, seed=2) == 0
+        assert _through_below(tmpfs_mount, seed=2) == (0, 0)
 
 
 @pytest.mark.parametrize("io_engine", ["psync", "io_uring"])
@@ -254,7 +259,7 @@ _TRUNCATING_CO_TENANT = textwrap.dedent(
     import os, sys, threading, time
     import numpy as np
     sys.path.insert(0, sys.argv[2])
-    from test_memory_fs_loads import Buffer, _collect, _store
+    from test_memory_fs import Buffer, _collect, _store
     from kvtier import _core
     from pathlib import Path
 
@@ -320,3 +325,77 @@ def test_a_co_tenant_truncating_files_mid_load_never_crashes(tmpfs_mount: Path) 
     assert words[0] == "ok" and int(words[1]) + int(words[3]) == 800
     assert int(words[3]) > 0  # the co-tenant did cut files under the loads
     assert int(words[5]) > 0  # the memory path ran
+
+
+def test_a_full_tmpfs_fails_the_store_and_leaves_no_tmp_file(tmp_path: Path) -> None:
+    """A store written from the caller's memory into a tmpfs that fills up (size=1m) fails
+    with ENOSPC, blocks that fit are stored, and the failed block's tmp file is gone."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        engine = _core.Engine(str(mnt), n_read_threads=1, n_write_threads=1, io_timeout_s=10.0)
+        try:
+            src = Buffer(3, 384 << 10)
+            src.rows[:] = 7
+            paths, keys = _paths(mnt, 3)
+            engine.submit_store(1, src.blocks(paths, keys))
+            c = _collect(engine, 1)
+            assert not c.success
+            assert errno.ENOSPC in c.block_errnos and 0 in c.block_errnos, c.block_errnos
+            stored = [p for p, e in zip(paths, c.block_errnos) if e == 0]
+            files = sorted(p for p in (mnt / "blocks").rglob("*") if p.is_file())
+            assert files == sorted(stored)  # no tmp file of the failed block left
+            assert engine.stats()["memory_fs_stores"] == len(stored)
+        finally:
+            engine.shutdown()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_stores_to_tmpfs_from_several_threads_arrive_whole(tmpfs_mount: Path) -> None:
+    """Four threads submit stores on one engine at once, then load every block back: each
+    byte-exact, every block through the memory path both ways."""
+    engine = _core.Engine(str(tmpfs_mount), n_read_threads=2, n_write_threads=2,
+                          io_timeout_s=10.0)  # fmt: skip
+    jobs, size = 8, 64 << 10
+    results: dict[int, list[tuple[Path, bytes, np.ndarray]]] = {}
+    lock = threading.Lock()
+
+    def submitter(t: int) -> None:
+        for j in range(jobs):
+            src = Buffer(4, size)
+            src.rows[:] = np.random.default_rng(t * 100 + j).integers(0, 256, src.rows.shape,
+                                                                      dtype=np.uint8)  # fmt: skip
+            paths = [tmpfs_mount / "blocks" / f"t{t}" / f"j{j}b{i}.kvb" for i in range(4)]
+            keys = [b"t%dj%db%d" % (t, j, i) for i in range(4)]
+            with lock:
+                results[t * jobs + j] = [(p, k, src.rows[i]) for i, (p, k) in
+                                         enumerate(zip(paths, keys))]  # fmt: skip
+            engine.submit_store(1000 + t * jobs + j, src.blocks(paths, keys))
+
+    try:
+        threads = [threading.Thread(target=submitter, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        done: list = []
+        deadline = time.monotonic() + WAIT_S
+        while len(done) < 4 * jobs:
+            assert time.monotonic() < deadline, f"{len(done)} of {4 * jobs} stores reported"
+            done += engine.pop_completions()
+            time.sleep(0.001)
+        assert all(c.success for c in done), [c.error for c in done if not c.success]
+        for n, blocks in sorted(results.items()):
+            dst = Buffer(4, size)
+            engine.submit_load(n, dst.blocks([b[0] for b in blocks], [b[1] for b in blocks]))
+            c = _collect(engine, n)
+            assert c.success, c.error
+            for i, (_, _, row) in enumerate(blocks):
+                assert np.array_equal(dst.rows[i], row)
+        stats = engine.stats()
+        assert stats["memory_fs_stores"] == stats["memory_fs_loads"] == 4 * jobs * 4
+    finally:
+        engine.shutdown()
