@@ -200,6 +200,20 @@ def _read_line(proc: subprocess.Popen[str]) -> str:
     return line[0] if line else ""
 
 
+def _thaw_and_reap(stallfs: StallFS, proc: subprocess.Popen[str]) -> str:
+    """Thaws the mount, then waits for the child (killed past the hang guard) and returns its
+    stderr. The thaw comes first: a thread in a frozen FUSE request keeps its process from
+    exiting until the daemon answers."""
+    stallfs.thaw()
+    try:
+        proc.wait(WAIT_SECONDS)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    return err
+
+
 def test_interpreter_exit_with_the_mount_still_frozen(stallfs: StallFS) -> None:
     """Interpreter exit shuts the engine down and finishes with a worker still stuck. The
     process itself ends only when the mount thaws: a thread inside a FUSE request the daemon
@@ -218,13 +232,7 @@ def test_interpreter_exit_with_the_mount_still_frozen(stallfs: StallFS) -> None:
         assert _read_line(proc) == "shut down\n", "interpreter exit did not get past shutdown"
         assert stallfs.status()["blocked"] >= 1  # with the write still frozen
     finally:
-        stallfs.thaw()
-        try:
-            proc.wait(WAIT_SECONDS)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            _, err = proc.communicate()
+        err = _thaw_and_reap(stallfs, proc)
     assert proc.returncode == 0, err
 
 
@@ -298,13 +306,7 @@ def test_time_the_process_is_stopped_does_not_count_against_its_deadline(
         line = _read_line(proc)
     finally:
         os.kill(proc.pid, signal.SIGCONT)
-        stallfs.thaw()
-        try:
-            proc.wait(WAIT_SECONDS)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            _, err = proc.communicate()  # after the thaw: until then the child cannot exit
+        err = _thaw_and_reap(stallfs, proc)
     assert line, f"the child reported nothing: {err[-3000:]}"
     report = json.loads(line)
     assert report["pauses"] >= 1, report  # the watchdog saw the pause

@@ -7,6 +7,8 @@
 
 #include <kvtier/error.hpp>
 
+#include "io/block_file.hpp"
+
 namespace kvtier::detail {
 
 // ---- submitters ----------------------------------------------------------------------------
@@ -23,17 +25,6 @@ constexpr int kSubmitSpins = 64;
 // so the intake thread gets no CPU) is slowed down, to the pace the queues are filled at,
 // instead of growing the inbox without bound.
 constexpr std::size_t kInboxBound = 1024;
-
-// The outcome of a block that failed without any I/O of its own (cancelled, timed out,
-// refused at queueing): static text only, so recording it never allocates; the job's report
-// adds the block's path.
-BlockResult failure(int error, const char* operation, const char* note) noexcept {
-  BlockResult r;
-  r.error = error;
-  r.operation = operation;
-  r.note = note;
-  return r;
-}
 
 constexpr const char* kCancelledNote = "engine shut down before the block operation started";
 
@@ -197,7 +188,7 @@ void Scheduler::refuse(Job* job, int error, const char* operation, const char* n
   }
   Job* done = nullptr;
   for (std::size_t i = 0; i < job->blocks.size(); ++i)
-    done = record_block({job, i}, failure(error, operation, note));
+    done = record_block({job, i}, unallocated_failure(error, operation, note));
   completions_.publish(done);
 }
 
@@ -508,7 +499,7 @@ std::size_t Scheduler::expire(Clock::time_point now, Abandoned* out,
     after_batch(is_load, size);
     counters_.record_timeouts(size);
     for (std::size_t i = 0; i < size; ++i) {
-      BlockResult r = failure(ETIMEDOUT, is_load ? "load" : "store",
+      BlockResult r = unallocated_failure(ETIMEDOUT, is_load ? "load" : "store",
                               "block operation did not finish within io_timeout_s; abandoned "
                               "in the kernel (the storage stopped answering)");
       // Published with the mutex held, like a job without blocks: drain() never sees it gone
@@ -769,14 +760,14 @@ Job* Scheduler::record_block(const Task& task, BlockResult result) noexcept {
 // A block that never started, at shutdown; its job is published at once (mutex held).
 void Scheduler::cancel(const Task& task) noexcept {
   // No copy of the path or message: the report takes them from the job when it is popped.
-  if (Job* job = finish_block(task, failure(ECANCELED, "cancel", kCancelledNote)))
+  if (Job* job = finish_block(task, unallocated_failure(ECANCELED, "cancel", kCancelledNote)))
     completions_.publish(job);
 }
 
 // A block that never started, beneath a root the caller found degraded (fail_unstarted); its
 // job is published at once when this was its last block (mutex held).
 void Scheduler::fail_before_start(const Task& task) noexcept {
-  BlockResult r = failure(ETIMEDOUT, task.job->is_load() ? "load" : "store",
+  BlockResult r = unallocated_failure(ETIMEDOUT, task.job->is_load() ? "load" : "store",
                           "root is degraded (its storage stopped answering); the block "
                           "operation failed before it started");
   if (Job* job = finish_block(task, std::move(r))) completions_.publish(job);

@@ -152,7 +152,7 @@ FromMemory store_to_memory(const IoContext& io, WorkerContext& worker, Batch& ba
   }
   const bool claimed = batch.claim();
   if (!claimed || !memory) {
-    if (!claimed)  // abandoned: its own files only, never the caller's memory
+    if (!claimed && memory)  // abandoned: its own files only, never the caller's memory
       for (std::size_t i = 0; i < n; ++i)
         if (opened[i]) files[i].file.discard_tmp();
     return claimed ? FromMemory::kNotMemory : FromMemory::kAbandoned;
