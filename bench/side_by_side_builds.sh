@@ -5,8 +5,9 @@
 # `pip install --target BEFORE ...`), each run with kvtier and the peer side by side on the
 # same blocks. PEER=none: kvtier alone, with enough latency samples for its p95 figures.
 # Usage: bench/side_by_side_builds.sh PY BEFORE OUTDIR; ROOT (/dev/shm), PEER (vllm), THREADS
-# ("4 16"), ROUNDS ("1 2 3 4"), TOTAL (512M), PRIMARY (scattered), LATENCY_SAMPLES (12; 450
-# without a peer) and LOOP_SECONDS (0.3; 1 without a peer) narrow the set.
+# ("4 16"), ROUNDS ("1 2 3 4"), SIZES (256K,2M), TOTAL (512M), PRIMARY (scattered),
+# LATENCY_SAMPLES (12; 450 without a peer) and LOOP_SECONDS (0.3; 1 without a peer) narrow the
+# set.
 # Summary: python bench/side_by_side_builds.py OUTDIR
 set -u
 py=$1; before=$2; out=$3
@@ -21,7 +22,7 @@ for round in ${ROUNDS:-1 2 3 4}; do
       name=$who-t$t-r$round
       echo "$(date -u +%T) $name start load $(cut -d' ' -f1-3 /proc/loadavg)"
       PYTHONPATH=$pp "$py" -m kvtier bench --root "${ROOT:-/dev/shm}" "${peer[@]}" \
-        --sizes 256K,2M --total "${TOTAL:-512M}" --repeat 3 --blocks-per-job 16 \
+        --sizes "${SIZES:-256K,2M}" --total "${TOTAL:-512M}" --repeat 3 --blocks-per-job 16 \
         --read-threads "$t" --write-threads "$t" --primary "${PRIMARY:-scattered}" --no-fio \
         --latency-samples "${LATENCY_SAMPLES:-$samples}" --loop-seconds "${LOOP_SECONDS:-$loop}" \
         --json "$out/$name.json" --quiet \

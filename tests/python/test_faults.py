@@ -65,6 +65,7 @@ def run_child(
     err: int = errno.EIO,
     short: int | None = None,
     times: int | None = None,
+    after: int | None = None,
 ) -> Child:
     env = dict(os.environ)
     env.update(
@@ -77,6 +78,8 @@ def run_child(
         env["KVTIER_FAULT_SHORT"] = str(short)
     if times is not None:
         env["KVTIER_FAULT_TIMES"] = str(times)
+    if after is not None:
+        env["KVTIER_FAULT_AFTER"] = str(after)
     spec.setdefault("row_size", ROW)
     spec.setdefault("rows", 4)
     spec.setdefault("engine", {})
@@ -276,6 +279,83 @@ def test_short_transfers_are_continued(
     assert child.job(2)["data_ok"] == [True, True]
     for name in ("a", "b"):
         assert Path(block(root, name)).stat().st_size == 4096 + 4 * 4096
+
+
+# --------------------------------------------------------------------------------------------
+# Stores to a file system of memory: large payloads written in checked pieces (psync_engine.cpp,
+# kCrcPieceBytes = 256 KiB; docs/core.md "Stores to memory")
+
+DEADLINES = pytest.mark.parametrize("io_timeout_s", [10.0, 0.0], ids=["deadline", "no deadline"])
+
+
+@DEADLINES
+@pytest.mark.parametrize("o_direct", [False, True], ids=["buffered", "O_DIRECT"])
+@pytest.mark.parametrize(
+    "where,size,writes",
+    [
+        ("tmpfs", (1 << 20) + 100, 5),  # four pieces of the payload, then the header
+        ("tmpfs", 256 << 10, 1),  # one piece: with its header in one call, as before
+        ("disk", (1 << 20) + 100, 1),  # not memory: one call, the CRC taken before it
+    ],
+)
+def test_large_stores_to_memory_are_written_in_checked_pieces(
+    interposer: Path, tmp_path: Path, tmpfs_mount: Path, io_timeout_s: float, o_direct: bool,
+    where: str, size: int, writes: int,
+) -> None:  # fmt: skip
+    """Each piece's CRC32C is taken right before the piece is written, and the header, which
+    carries the CRC, goes last: the block loads back byte-exact (its CRC verified), and the
+    interposer (logging only) counts its writes. With O_DIRECT the partial last page goes
+    through the tail page, in the last piece."""
+    if where == "disk" and subprocess.run(
+        ["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True
+    ).stdout.strip() in ("tmpfs", "ramfs"):
+        pytest.skip(f"{tmp_path} is on a memory file system here")
+    root = (tmpfs_mount if where == "tmpfs" else tmp_path) / "root"
+    if o_direct and not direct_ok(root):
+        pytest.skip(f"O_DIRECT unsupported on {where} here")
+    spec = {
+        "root": str(root),
+        "row_size": size,
+        "rows": 1,
+        "engine": {"io_timeout_s": io_timeout_s, "o_direct": o_direct},
+        "jobs": store_then_load(root, ["a"]),
+    }
+    child = run_child(interposer, spec, "pwrite", match="/blocks/", err=0)
+    assert child.job(1)["success"], child.job(1)["error"]
+    assert child.job(2)["success"], child.job(2)["error"]
+    assert child.job(2)["data_ok"] == [True]
+    assert child.result["direct_io"] == o_direct
+    assert len(child.injected) == writes, child.injected
+    memory_path = where == "tmpfs" and io_timeout_s > 0
+    assert child.result["stats"]["memory_fs_stores"] == (1 if memory_path else 0)
+
+
+@DEADLINES
+@pytest.mark.parametrize("err", [errno.EIO, errno.ENOSPC])
+def test_a_failed_later_piece_fails_the_store_and_leaves_no_tmp(
+    interposer: Path, tmpfs_mount: Path, io_timeout_s: float, err: int
+) -> None:
+    """The third of a block's piece writes fails: the block fails with that errno, its tmp
+    file is removed (nothing half-written is ever linked), the other block of the job is
+    stored and loads back whole."""
+    root = tmpfs_mount / "root"
+    spec = {
+        "root": str(root),
+        "row_size": (1 << 20) + 100,
+        "rows": 2,
+        "engine": {"io_timeout_s": io_timeout_s, "n_write_threads": 1, "o_direct": False},
+        "jobs": store_then_load(root, ["a", "victim"], ["a"]),
+    }
+    child = run_child(interposer, spec, "pwrite", match="victim", err=err, after=2, times=1)
+    assert len(child.injected) == 1
+    store = child.job(1)
+    assert not store["success"]
+    assert store["block_errnos"] == [0, err]
+    assert store["operation"] == "pwrite"
+    assert tmp_files(root) == []
+    assert not Path(block(root, "victim")).exists()
+    assert child.job(2)["success"], child.job(2)["error"]
+    assert child.job(2)["data_ok"] == [True]
 
 
 @pytest.mark.parametrize("call", ["pwrite", "pread"])

@@ -309,9 +309,13 @@ def test_time_the_process_is_stopped_does_not_count_against_its_deadline(
         err = _thaw_and_reap(stallfs, proc)
     assert line, f"the child reported nothing: {err[-3000:]}"
     report = json.loads(line)
-    assert report["pauses"] >= 1, report  # the watchdog saw the pause
     if mount_answers_first:
+        # No pause need be counted here: after SIGCONT the worker may return from the write
+        # and finish the batch before the watchdog wakes, and a pause with nothing under a
+        # deadline credits nothing (Scheduler::credit_pause). Most often the watchdog wakes
+        # first; the code before the credit then timed the store out.
         assert report == {**report, "stored": True, "loaded": True, "timeouts": 0}, report
     else:
+        assert report["pauses"] >= 1, report  # the store was still in the kernel: credited
         assert report["errnos"] == [errno.ETIMEDOUT] and report["timeouts"] == 1, report
     assert proc.returncode == 0, err

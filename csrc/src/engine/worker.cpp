@@ -143,6 +143,7 @@ FromMemory store_to_memory(const IoContext& io, WorkerContext& worker, Batch& ba
   for (std::size_t i = 0; i < n && memory; ++i) {
     opened[i] = open_store(io, *batch.ops[i], files[i], batch.results[i]);
     memory = !opened[i] || io.root_memory.holds(files[i].file.fd.get(), files[i].st, root_now);
+    files[i].memory_only = memory;
   }
   if (!memory) {
     for (std::size_t i = 0; i < n; ++i) {

@@ -5,7 +5,7 @@
 
 // Whether reading or writing a file can only copy memory: the test behind loads and stores
 // that skip the worker's arena under a deadline (worker.cpp, docs/core.md "Loads from memory",
-// "Stores to memory"); loads there also read in checked pieces.
+// "Stores to memory"); both move a large payload there in checked pieces (psync_engine.cpp).
 //
 // A deadline (EngineConfig::io_timeout_s) exists for storage that stops answering. A file of
 // ramfs, or of tmpfs on a machine without swap, has no storage behind it: its pages are in

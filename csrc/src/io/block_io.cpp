@@ -18,11 +18,12 @@ void run_blocks(const IoContext& ctx, WorkerContext& worker, bool is_load,
     }
     return;
   }
-  const bool root_memory_now = is_load && ctx.root_memory.now();  // once for the batch
+  const bool root_memory_now = ctx.root_memory.now();  // once for the batch
   for (std::size_t i = 0; i < n; ++i)
     results[i] = is_load ? load_block(ctx, worker, *ops[i], ready, crc ? &crc[i] : nullptr,
                                       root_memory_now)
-                         : store_block(ctx, worker, *ops[i], ready, crc ? &crc[i] : nullptr);
+                         : store_block(ctx, worker, *ops[i], ready, crc ? &crc[i] : nullptr,
+                                       root_memory_now);
 }
 
 }  // namespace kvtier::detail

@@ -26,6 +26,74 @@
 namespace kvtier::detail {
 namespace {
 
+// ---- pieces -------------------------------------------------------------------------------
+
+// A file that holds only memory is read or written in pieces of this size, each piece's
+// CRC32C taken while it is in the core's cache: right after it lands (a load), right before
+// it is written (a store). Taking the CRC of a whole large block in one pass and copying it in
+// another reads every byte from memory twice (docs/PERFORMANCE.md, "Loads from memory: the
+// CRC in pieces" and "Stores to memory: the CRC in pieces"). A multiple of kAlignment, so
+// every piece of an O_DIRECT transfer stays aligned.
+constexpr std::size_t kCrcPieceBytes = 256 * 1024;
+static_assert(kCrcPieceBytes % kAlignment == 0);
+
+// The length of the next piece when `left` bytes remain: a piece takes the rest where less
+// than half a piece would be left after it, so a 256 KiB payload behind its 4 KiB header is
+// one system call, not a second one for 4 KiB.
+constexpr std::size_t piece_length(std::size_t left) {
+  return left < kCrcPieceBytes + kCrcPieceBytes / 2 ? left : kCrcPieceBytes;
+}
+
+// A result of a piece's step that ends the walk without an error (a load's end of file).
+constexpr int kStopPieces = -1;
+
+// Walks the `count` iovecs at `iov`, which cover the file from offset `start` on, in pieces
+// of piece_length(): step(piece, offset, length) for each in order, `offset` being the file
+// offset the piece starts at. Stops at the first step that returns non-zero and returns that
+// (0 for kStopPieces), else 0.
+template <typename Step>
+int for_each_piece(const iovec* iov, std::size_t count, std::size_t start, Step&& step) {
+  std::size_t left = 0;
+  for (std::size_t i = 0; i < count; ++i) left += iov[i].iov_len;
+  std::vector<iovec> piece;
+  piece.reserve(count);
+  std::size_t next = 0;    // the iovec the next piece starts in,
+  std::size_t within = 0;  // and how far into it
+  std::size_t offset = start;
+  while (next < count) {
+    piece.clear();
+    const std::size_t limit = piece_length(left);
+    left -= limit;
+    std::size_t length = 0;
+    while (next < count && length < limit) {
+      const std::size_t take = std::min(iov[next].iov_len - within, limit - length);
+      piece.push_back({static_cast<unsigned char*>(iov[next].iov_base) + within, take});
+      length += take;
+      within += take;
+      if (within == iov[next].iov_len) {
+        ++next;
+        within = 0;
+      }
+    }
+    if (int e = step(piece, offset, length)) return e == kStopPieces ? 0 : e;
+    offset += length;
+  }
+  return 0;
+}
+
+// `crc` extended by the bytes of `piece`, which starts at file offset `at`, that lie in the
+// file range [kHeaderSize, end): the payload's bytes, neither the header nor any padding.
+std::uint32_t crc_within(const std::vector<iovec>& piece, std::size_t at, std::size_t end,
+                         std::uint32_t crc) {
+  for (const iovec& v : piece) {
+    const std::size_t lo = std::max(at, kHeaderSize);
+    const std::size_t hi = std::min(at + v.iov_len, end);
+    if (lo < hi) crc = crc32c(static_cast<unsigned char*>(v.iov_base) + (lo - at), hi - lo, crc);
+    at += v.iov_len;
+  }
+  return crc;
+}
+
 // ---- store --------------------------------------------------------------------------------
 
 void encode(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, std::size_t length,
@@ -34,18 +102,47 @@ void encode(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, std:
                 crc);
 }
 
+// Whether a store writes its payload in checked pieces: a file that holds only memory
+// (`memory_only`), a CRC to take here (not one taken in a copy already), and a payload that
+// splits into more than one piece (a smaller one goes with its header in one call, as before).
+bool store_by_piece(const IoContext& ctx, const BlockOp& op, const CrcPlan* plan,
+                    bool memory_only) {
+  return memory_only && ctx.config->checksum == Checksum::kCrc32c &&
+         !(plan != nullptr && plan->in_copy) &&
+         piece_length(op.payload_length()) < op.payload_length();
+}
+
+// The payload's iovecs (file_iov's, without the header) written piece by piece, each piece's
+// CRC32C taken right before its write, then the header, which carries the CRC, at offset 0.
+int pwrite_by_piece(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
+                    const std::vector<iovec>& iov) {
+  const std::size_t crc_end = kHeaderSize + op.payload_length();
+  std::uint32_t crc = 0;
+  const int e = for_each_piece(
+      iov.data() + 1, iov.size() - 1, kHeaderSize,
+      [&](const std::vector<iovec>& piece, std::size_t at, std::size_t /*length*/) {
+        crc = crc_within(piece, at, crc_end, crc);
+        return pwritev_full(fd, piece, static_cast<off_t>(at));
+      });
+  if (e != 0) return e;
+  encode(ctx, worker, op, op.payload_length(), crc);
+  return pwritev_full(fd, {{worker.header.data(), kHeaderSize}}, 0);
+}
+
 // Host memory in place, contiguous or segments (O_DIRECT only where in_place() allows): the
-// header and the payload from the caller's memory in one vectored call; only a partial last
-// page is copied.
+// header and the payload from the caller's memory in one vectored call, or in checked pieces
+// (`by_piece`, store_by_piece); only a partial last page is copied.
 StepError write_in_place(const IoContext& ctx, WorkerContext& worker, int fd, const BlockOp& op,
-                         const std::vector<Segment>& payload, bool direct, const CrcPlan* plan) {
+                         const std::vector<Segment>& payload, bool direct, const CrcPlan* plan,
+                         bool by_piece) {
+  std::size_t tail = 0;
+  std::vector<iovec> iov =
+      file_iov(worker.header.data(), worker.tail.data(), payload, direct, /*store=*/true, tail);
+  if (by_piece) return {pwrite_by_piece(ctx, worker, fd, op, iov), "pwrite"};
   const bool want_crc = ctx.config->checksum == Checksum::kCrc32c;
   std::uint32_t crc = 0;
   if (want_crc) crc = plan != nullptr && plan->in_copy ? plan->crc : payload_crc(payload);
   encode(ctx, worker, op, op.payload_length(), crc);
-  std::size_t tail = 0;
-  std::vector<iovec> iov =
-      file_iov(worker.header.data(), worker.tail.data(), payload, direct, /*store=*/true, tail);
   return {pwritev_full(fd, std::move(iov), 0), "pwrite"};
 }
 
@@ -80,14 +177,16 @@ StepError write_segments(const IoContext& ctx, WorkerContext& worker, int fd, co
 }
 
 // The header and payload into the open tmp file. A payload gathered through a staging buffer
-// takes its CRC there (the plan's, if any, is the same value).
+// takes its CRC there (the plan's, if any, is the same value). `memory_only`: the tmp file
+// holds only memory (RootMemory::holds), so a large payload in place goes in checked pieces.
 StepError write_block(const IoContext& ctx, WorkerContext& worker, const BlockFile& file,
-                      const BlockOp& op, cuda::Event ready, const CrcPlan* plan) {
+                      const BlockOp& op, cuda::Event ready, const CrcPlan* plan,
+                      bool memory_only) {
   std::vector<Segment> scratch;
   const std::vector<Segment>* staged = staged_segments(op, file.direct, scratch);
   return staged ? write_segments(ctx, worker, file.fd.get(), op, *staged, ready)
                 : write_in_place(ctx, worker, file.fd.get(), op, in_place_payload(op, scratch),
-                                 file.direct, plan);
+                                 file.direct, plan, store_by_piece(ctx, op, plan, memory_only));
 }
 
 // The written tmp file synced (with durability) and renamed into place.
@@ -103,20 +202,33 @@ BlockResult sync_and_publish(const IoContext& ctx, const BlockOp& op, BlockFile&
 
 namespace {
 
+// Whether the open tmp file holds only memory, asked (one fstat) only where the answer
+// changes how the block is written (store_by_piece) and the root's file system may be memory
+// now (`root_memory_now`, RootMemory::now for the caller's batch).
+bool tmp_holds_memory(const IoContext& ctx, const BlockOp& op, const CrcPlan* plan,
+                      const BlockFile& file, bool root_memory_now) {
+  if (!root_memory_now || !store_by_piece(ctx, op, plan, /*memory_only=*/true)) return false;
+  struct stat st;
+  return ::fstat(file.fd.get(), &st) == 0 && ctx.root_memory.holds(file.fd.get(), st, true);
+}
+
 BlockResult store_block_impl(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                             cuda::Event ready, const CrcPlan* plan, bool retry_vanished = true) {
+                             cuda::Event ready, const CrcPlan* plan, bool root_memory_now,
+                             bool retry_vanished = true) {
   BlockResult result;
   BlockFile file;
   if (!open_tmp(ctx, op, file, result)) return result;
   // From here on every failure removes the tmp file: nothing half-written is left behind.
-  if (StepError e = write_block(ctx, worker, file, op, ready, plan))
+  const bool memory_only = tmp_holds_memory(ctx, op, plan, file, root_memory_now);
+  if (StepError e = write_block(ctx, worker, file, op, ready, plan, memory_only))
     return file.fail_store(e.error, e.operation, std::move(e.message));
   bool vanished = false;
   result = sync_and_publish(ctx, op, file, vanished);
   // The tmp name went although the file was linked: write the block again under a new name,
   // once (see publish_tmp).
   if (vanished && retry_vanished)
-    return store_block_impl(ctx, worker, op, ready, plan, /*retry_vanished=*/false);
+    return store_block_impl(ctx, worker, op, ready, plan, root_memory_now,
+                            /*retry_vanished=*/false);
   return result;
 }
 
@@ -137,58 +249,21 @@ void verify(const IoContext& ctx, WorkerContext& worker, const BlockOp& op, Read
                               op.payload_length(), out.header);
 }
 
-// A file that holds only memory is read in pieces of this size, each piece's CRC32C taken
-// right after it lands, while it is still in the core's cache: reading a whole large block
-// first and checking it after reads every byte back from memory a second time
-// (docs/PERFORMANCE.md, "Loads from memory: the CRC in pieces"). A multiple of kAlignment, so
-// every piece of an O_DIRECT read stays aligned.
-constexpr std::size_t kCrcPieceBytes = 256 * 1024;
-static_assert(kCrcPieceBytes % kAlignment == 0);
-
-// preadv_full of `iov` from offset 0, kCrcPieceBytes at a time; `crc` is the CRC32C of the
-// file bytes in [kHeaderSize, crc_end) that were read. `got` as preadv_full's bytes_read.
-// A piece takes the rest where less than half a piece would be left after it: a 256 KiB
-// payload behind its 4 KiB header is one read, not a second system call for 4 KiB.
+// preadv_full of `iov` from offset 0, piece by piece; `crc` is the CRC32C of the file bytes
+// in [kHeaderSize, crc_end) that were read. `got` as preadv_full's bytes_read.
 int preadv_with_crc(int fd, const std::vector<iovec>& iov, std::size_t crc_end,
                     std::uint32_t& crc, std::size_t& got) {
   crc = 0;
   got = 0;
-  std::size_t left = 0;
-  for (const iovec& v : iov) left += v.iov_len;
-  std::vector<iovec> piece;
-  piece.reserve(iov.size());
-  std::size_t next = 0;    // the iovec the next piece starts in,
-  std::size_t within = 0;  // and how far into it
-  while (next < iov.size()) {
-    piece.clear();
-    const std::size_t limit = left < kCrcPieceBytes + kCrcPieceBytes / 2 ? left : kCrcPieceBytes;
-    left -= limit;
-    std::size_t length = 0;
-    while (next < iov.size() && length < limit) {
-      const std::size_t take = std::min(iov[next].iov_len - within, limit - length);
-      piece.push_back({static_cast<unsigned char*>(iov[next].iov_base) + within, take});
-      length += take;
-      within += take;
-      if (within == iov[next].iov_len) {
-        ++next;
-        within = 0;
-      }
-    }
-    const std::size_t start = got;
-    std::size_t n = 0;
-    if (int e = preadv_full(fd, piece, static_cast<off_t>(start), n)) return e;
-    got += n;
-    // What landed of this piece, clipped to the payload's CRC range.
-    std::size_t at = start;
-    for (const iovec& v : piece) {
-      const std::size_t lo = std::max(at, kHeaderSize);
-      const std::size_t hi = std::min({at + v.iov_len, got, crc_end});
-      if (lo < hi) crc = crc32c(static_cast<unsigned char*>(v.iov_base) + (lo - at), hi - lo, crc);
-      at += v.iov_len;
-    }
-    if (n < length) return 0;  // end of file: the caller compares `got`
-  }
-  return 0;
+  return for_each_piece(iov.data(), iov.size(), 0,
+                        [&](const std::vector<iovec>& piece, std::size_t at, std::size_t length) {
+                          std::size_t n = 0;
+                          if (int e = preadv_full(fd, piece, static_cast<off_t>(at), n)) return e;
+                          got += n;
+                          crc = crc_within(piece, at, std::min(got, crc_end), crc);
+                          // End of file: the caller compares `got`.
+                          return n < length ? kStopPieces : 0;
+                        });
 }
 
 // Header and a host payload in place (contiguous or segments) in one vectored call; with
@@ -407,8 +482,10 @@ BlockResult guarded(const BlockOp& op, const char* operation, Fn&& fn) noexcept 
 }  // namespace
 
 BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                        cuda::Event ready, const CrcPlan* crc) noexcept {
-  return guarded(op, "store", [&] { return store_block_impl(ctx, worker, op, ready, crc); });
+                        cuda::Event ready, const CrcPlan* crc, bool root_memory_now) noexcept {
+  return guarded(op, "store", [&] {
+    return store_block_impl(ctx, worker, op, ready, crc, root_memory_now);
+  });
 }
 
 BlockResult load_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
@@ -453,7 +530,7 @@ bool open_store(const IoContext& ctx, const BlockOp& op, OpenedStore& store,
 BlockResult write_store(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
                         OpenedStore& store, cuda::Event ready) noexcept {
   BlockResult r = guarded(op, "store", [&] {
-    if (StepError e = write_block(ctx, worker, store.file, op, ready, nullptr))
+    if (StepError e = write_block(ctx, worker, store.file, op, ready, nullptr, store.memory_only))
       return store.file.fail_store(e.error, e.operation, std::move(e.message));
     return BlockResult();
   });

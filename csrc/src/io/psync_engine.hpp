@@ -14,9 +14,12 @@ namespace kvtier::detail {
 /// Writes one block file (tmp file + rename) with pwrite. `ready` (may be null) is an event
 /// recorded on the submitter's stream: device memory is copied only after it. With
 /// `crc` (may be null) in_copy, the header carries crc->crc instead of a CRC taken here.
+/// `root_memory_now` is ctx.root_memory.now() for the caller's batch: a large payload whose
+/// tmp file then holds only memory is written in checked pieces (as OpenedStore::memory_only).
 /// Never throws.
 BlockResult store_block(const IoContext& ctx, WorkerContext& worker, const BlockOp& op,
-                        cuda::Event ready, const CrcPlan* crc = nullptr) noexcept;
+                        cuda::Event ready, const CrcPlan* crc = nullptr,
+                        bool root_memory_now = false) noexcept;
 
 /// Reads and verifies one block file into the op's memory with pread. `ready` (may be null) is
 /// an event recorded on the submitter's stream: device memory is written only after it. Never
@@ -60,13 +63,18 @@ BlockResult read_load(const IoContext& ctx, WorkerContext& worker, const BlockOp
 /// (the worker's stores to a file system of memory, worker.cpp): open_store creates the
 /// block's directory and this writer's locked tmp file and fstats it (`st`, for
 /// RootMemory::holds); write_store writes the header and the payload, its CRC32C taken from
-/// the op's memory; publish_store syncs the file (with durability) and renames it into place.
+/// the op's memory (in checked pieces where `memory_only`); publish_store syncs the file
+/// (with durability) and renames it into place.
 /// A step that fails removes the tmp file and says why in its result (open_store: in
 /// `result`, returning false); a tmp file no step failed on is removed by discard_tmp().
 /// Never throw.
 struct OpenedStore {
   BlockFile file;
   struct stat st{};
+  /// The tmp file holds only memory (RootMemory::holds; the worker's stores to memory set
+  /// it): write_store writes a large payload in pieces, each piece's CRC32C taken right
+  /// before it is written, while it is in the core's cache.
+  bool memory_only = false;
 };
 bool open_store(const IoContext& ctx, const BlockOp& op, OpenedStore& store,
                 BlockResult& result) noexcept;

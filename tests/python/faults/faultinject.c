@@ -25,6 +25,8 @@
  *   KVTIER_FAULT_SHORT  instead of failing pwrite/pread, transfer at most this many bytes
  *                       per call (a short write/read the caller must continue)
  *   KVTIER_FAULT_TIMES  inject at most this many times (default: every time)
+ *   KVTIER_FAULT_AFTER  let this many matching calls through first, unlogged (default 0):
+ *                       a fault in the third write of a block, not its first
  *   KVTIER_FAULT_GATE   a path: each injection first waits until it exists (with
  *                       KVTIER_FAULT_ERRNO=0 the call then proceeds), so a test can hold a
  *                       block operation in flight for as long as it needs
@@ -88,9 +90,13 @@ static int fault_errno(void) { return atoi(env_or("KVTIER_FAULT_ERRNO", "5")); }
 
 static long short_limit(void) { return atol(env_or("KVTIER_FAULT_SHORT", "0")); }
 
-/* Claims one injection; 0 once KVTIER_FAULT_TIMES injections have been made, or when the
- * call is only to be logged (KVTIER_FAULT_ERRNO=0 without KVTIER_FAULT_SHORT). */
+/* Claims one injection; 0 while KVTIER_FAULT_AFTER matching calls have not passed yet, once
+ * KVTIER_FAULT_TIMES injections have been made, or when the call is only to be logged
+ * (KVTIER_FAULT_ERRNO=0 without KVTIER_FAULT_SHORT). */
 static int claim(const char* call, const char* path) {
+  static long seen = 0;
+  const char* after = getenv("KVTIER_FAULT_AFTER");
+  if (after && *after && __atomic_add_fetch(&seen, 1, __ATOMIC_SEQ_CST) <= atol(after)) return 0;
   static long used = 0;
   const char* times = getenv("KVTIER_FAULT_TIMES");
   long n = __atomic_add_fetch(&used, 1, __ATOMIC_SEQ_CST);
