@@ -157,6 +157,17 @@ class StallFS:
         """Releases every frozen operation; later ones run at once."""
         self._command("thaw")
 
+    def thaw_and_reap(self, proc: subprocess.Popen[str], timeout: float) -> None:
+        """Thaws the mount, then waits up to ``timeout`` seconds for the child ``proc`` to
+        exit, killing it past that. The thaw comes first: a thread in a frozen FUSE request
+        keeps its process from exiting until the daemon answers."""
+        self.thaw()
+        try:
+            proc.wait(timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
     def fail(self, err: int, ops: str = "all") -> None:
         """Operations of class ``ops`` fail with errno ``err``; ``fail(0)`` stops failing."""
         self._command(f"fail {int(err)} {self._class(ops)}")

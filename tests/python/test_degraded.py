@@ -487,12 +487,7 @@ def test_interpreter_exit_returns_with_the_mount_frozen(stallfs: StallFS, tmp_pa
         line = guarded(child.stdout.readline, "interpreter exit with the mount frozen")
         assert line == "exit-done\n", child.stderr.read() if child.poll() is not None else line
     finally:
-        stallfs.thaw()
-        try:
-            child.wait(WAIT_SECONDS)
-        finally:
-            if child.poll() is None:
-                child.kill()
+        stallfs.thaw_and_reap(child, WAIT_SECONDS)
     assert child.returncode == 0, child.stderr.read() if child.stderr else ""
 
 

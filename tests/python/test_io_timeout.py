@@ -201,15 +201,10 @@ def _read_line(proc: subprocess.Popen[str]) -> str:
 
 
 def _thaw_and_reap(stallfs: StallFS, proc: subprocess.Popen[str]) -> str:
-    """Thaws the mount, then waits for the child (killed past the hang guard) and returns its
-    stderr. The thaw comes first: a thread in a frozen FUSE request keeps its process from
-    exiting until the daemon answers."""
-    stallfs.thaw()
+    """Thaws the mount, reaps the child (killed past the hang guard), returns its stderr."""
     try:
-        proc.wait(WAIT_SECONDS)
+        stallfs.thaw_and_reap(proc, WAIT_SECONDS)
     finally:
-        if proc.poll() is None:
-            proc.kill()
         _, err = proc.communicate()
     return err
 
