@@ -809,6 +809,24 @@ def test_shutdown_releases_every_descriptor_and_the_volume_unmounts(tmpfs_mount)
     assert umount.returncode == 0, umount.stderr
 
 
+def _remove_state_directory_under_live_tiers(root: Path) -> None:
+    """Removes root/.kvtier/ as an operator's rm -rf would, repeated until one removal went
+    through: a live tier may write its record into it meanwhile (ENOTEMPTY, or ENOENT for a
+    file it renamed away). A tier may rejoin (recreate .kvtier/) the moment it is gone, so
+    what proves the removal is the rmtree that succeeded, not its absence after."""
+    for _ in range(100):
+        try:
+            shutil.rmtree(root / STATE_DIR_NAME)
+            return
+        except FileNotFoundError:
+            if not (root / STATE_DIR_NAME).exists():
+                return  # gone (the previous attempt removed the rest)
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY:
+                raise
+    pytest.fail(".kvtier/ could not be removed in 100 attempts")
+
+
 def test_a_tier_alone_on_a_removed_state_directory_recounts_and_stores_on(tmp_path):
     """Alone on its root, a tier whose .kvtier/ was removed rejoins with no count; until a
     scan counts the root, the file system's used bytes stand in for it, so the rejoin must
@@ -823,22 +841,7 @@ def test_a_tier_alone_on_a_removed_state_directory_recounts_and_stores_on(tmp_pa
     try:
         for i in range(3 * 24):  # past the first reservations: the count decides
             assert t.store(i).success
-        # The live tier may write its record into .kvtier/ while it is removed (ENOTEMPTY, or
-        # ENOENT for a file it renamed away): removed again until one removal went through,
-        # as an operator's rm -rf would be repeated. The tier may rejoin (recreate .kvtier/)
-        # the moment it is gone, so what proves the removal is the rmtree that succeeded.
-        for _ in range(100):
-            try:
-                shutil.rmtree(root / STATE_DIR_NAME)
-                break
-            except FileNotFoundError:
-                if not (root / STATE_DIR_NAME).exists():
-                    break  # gone (the previous attempt removed the rest)
-            except OSError as e:
-                if e.errno != errno.ENOTEMPTY:
-                    raise
-        else:
-            pytest.fail(".kvtier/ could not be removed in 100 attempts")
+        _remove_state_directory_under_live_tiers(root)
         wait_for(lambda: len(ledger(root).writers) == 1, "the tier to rejoin")
         for i in range(100, 100 + 3 * 24):
             r = t.store(i)
@@ -856,7 +859,7 @@ def test_a_replaced_state_directory_is_rejoined(tmp_path):
     a = Tier(tmp_path, max_bytes=budget, min_free_fraction=0)
     try:
         assert a.store(1).success
-        shutil.rmtree(tmp_path / STATE_DIR_NAME)
+        _remove_state_directory_under_live_tiers(tmp_path)
         b = Tier(tmp_path, max_bytes=budget, min_free_fraction=0)
         try:
             wait_for(lambda: len(ledger(tmp_path).writers) == 2, "the first tier to rejoin")
