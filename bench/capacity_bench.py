@@ -50,6 +50,9 @@ SPEC = OffloadingSpec(model_name="bench/capacity", dtype="float16")
 
 @contextmanager
 def scratch(root: Path) -> Iterator[Path]:
+    """A fresh directory below ``root`` (which must exist), removed afterwards."""
+    if not root.is_dir():
+        raise SystemExit(f"capacity_bench: --root {root} is not a directory (create it first)")
     path = Path(tempfile.mkdtemp(prefix="kvtier-capacity-", dir=root))
     try:
         yield path

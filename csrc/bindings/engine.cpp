@@ -116,10 +116,20 @@ std::vector<kvtier::BlockOp> blocks_from_python(const py::sequence& blocks) {
   return ops;
 }
 
+// The GIL and the engine's short calls. Engine::submit of host memory and pop_completions
+// never wait for I/O or a worker (a busy scheduler mutex sends a job to the intake's inbox;
+// the ids' lock is held by submitters and poppers only for a set insert or erase), and the
+// core never calls into Python, so they run with the GIL held. Releasing it for a call of
+// microseconds cost more than the call: on return the caller must take the GIL back from
+// whichever Python thread took it meanwhile (the capacity thread, unlink threads, the
+// engine's own scheduler loop), which can hold it up to the interpreter's switch interval
+// (5 ms). That made the slowest submit_store calls 0.3-3.8 ms with eviction running
+// (docs/PERFORMANCE.md section 23). Calls that can block (drain, shutdown, a job with device
+// memory, whose submit records a CUDA event) still release it.
+
 void submit(PyEngine& engine, kvtier::JobId job_id, kvtier::Direction direction,
             const py::sequence& blocks) {
-  auto ops = blocks_from_python(blocks);
-  py::gil_scoped_release release;
+  auto ops = blocks_from_python(blocks);  // host memory only: (path, key, address, length)
   engine.submit(job_id, direction, std::move(ops));
 }
 
@@ -141,7 +151,8 @@ void submit_blocks(PyEngine& engine, kvtier::JobId job_id, kvtier::Direction dir
     ops[i].key = keys[i];
     ops[i].segments = layout.segments(static_cast<std::size_t>(block_ids[i]));
   }
-  py::gil_scoped_release release;
+  std::optional<py::gil_scoped_release> release;  // see submit(): only around a CUDA call
+  if (layout.has_device_memory()) release.emplace();
   engine.submit(job_id, direction, std::move(ops), reinterpret_cast<void*>(cuda_stream));
 }
 
@@ -250,11 +261,7 @@ void def_engine_methods(py::class_<PyEngine>& engine) {
       .def(
           "pop_completions",
           [](PyEngine& e, std::size_t max) {
-            std::vector<kvtier::Completion> done;
-            {
-              py::gil_scoped_release release;
-              done = e.pop_completions(max);
-            }
+            std::vector<kvtier::Completion> done = e.pop_completions(max);  // GIL: see submit()
             // A worker gives its ring up inside a batch, whose job is among some later pop's.
             if (!done.empty()) e.warn_if_ring_retired();
             return done;
