@@ -1,9 +1,20 @@
-"""What the tests count on disk themselves, independently of kvtier's own scanner."""
+"""What the tests count and read on disk themselves, independently of kvtier's own code."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
+
+import pytest
+
+
+def skip_on_memory_fs(path: Path) -> None:
+    """Skips a test that needs `path` on storage that is not memory (the disk the tests run
+    on), where it lies on tmpfs or ramfs instead."""
+    kind = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True)
+    if kind.stdout.strip() in ("tmpfs", "ramfs"):
+        pytest.skip(f"{path} is on a memory file system here")
 
 
 def block_bytes_on_disk(root: Path | str) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from block_files import skip_on_memory_fs
 from kvtier import _core as core
 
 FAULTS = Path(__file__).resolve().parent / "faults"
@@ -306,10 +307,8 @@ def test_large_stores_to_memory_are_written_in_checked_pieces(
     carries the CRC, goes last: the block loads back byte-exact (its CRC verified), and the
     interposer (logging only) counts its writes. With O_DIRECT the partial last page goes
     through the tail page, in the last piece."""
-    if where == "disk" and subprocess.run(
-        ["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True
-    ).stdout.strip() in ("tmpfs", "ramfs"):
-        pytest.skip(f"{tmp_path} is on a memory file system here")
+    if where == "disk":
+        skip_on_memory_fs(tmp_path)
     root = (tmpfs_mount if where == "tmpfs" else tmp_path) / "root"
     if o_direct and not direct_ok(root):
         pytest.skip(f"O_DIRECT unsupported on {where} here")

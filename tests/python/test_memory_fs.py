@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from block_files import skip_on_memory_fs
 from kvtier import _core
 from kvtier.tiering.fs.engine import io_uring_refusal
 
@@ -95,13 +96,6 @@ def _through_memory_fs(engine, root: Path, n: int, size: int, seed: int) -> tupl
     return int(stats["memory_fs_stores"]), int(stats["memory_fs_loads"])
 
 
-def _skip_on_memory_fs(path: Path) -> None:
-    """These tests need a directory that is not memory (the disk the tests run on)."""
-    kind = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True)
-    if kind.stdout.strip() in ("tmpfs", "ramfs"):
-        pytest.skip(f"{path} is on a memory file system here")
-
-
 @pytest.mark.parametrize("io_engine", ["psync", "io_uring"])
 @pytest.mark.parametrize("size", [256 << 10, (2 << 20) + 100])
 def test_stores_and_loads_on_tmpfs_skip_the_arena_and_arrive_whole(
@@ -120,7 +114,7 @@ def test_stores_and_loads_on_tmpfs_skip_the_arena_and_arrive_whole(
 def test_a_disk_root_uses_the_arena(tmp_path: Path) -> None:
     """The counter can fail: a root that is not memory (the test's own directory, a disk
     here; skipped where tmp_path is itself a tmpfs) takes the arena path."""
-    _skip_on_memory_fs(tmp_path)
+    skip_on_memory_fs(tmp_path)
     engine = _core.Engine(str(tmp_path), n_read_threads=1, n_write_threads=1, io_timeout_s=10.0)
     try:
         assert _through_memory_fs(engine, tmp_path, 3, 256 << 10, seed=1) == (0, 0)
@@ -169,7 +163,7 @@ def test_a_disk_directory_bound_below_a_tmpfs_root_uses_the_arena(
     deadline (a store's tmp file, created there before it was judged, is removed first)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    _skip_on_memory_fs(disk)
+    skip_on_memory_fs(disk)
     with _mounted_below(tmpfs_mount, ["--bind", str(disk)]):
         assert _through_below(tmpfs_mount, seed=2) == (0, 0)
 
