@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from block_files import block_bytes_on_disk
+from block_files import block_bytes_on_disk, block_bytes_still_on_disk
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity import (
     CapacityController,
@@ -1016,7 +1016,7 @@ def test_lru_never_refuses_a_store_while_eviction_can_make_room(tmp_path):
 
     def sample() -> None:
         while not stop.is_set():
-            samples.append(disk_bytes(tmp_path))
+            samples.append(block_bytes_still_on_disk(tmp_path))
             time.sleep(0.005)
 
     sampler = threading.Thread(target=sample)
