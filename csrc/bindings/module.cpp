@@ -155,6 +155,38 @@ void register_functions(py::module_& m) {
       "Whether each path is a regular file reached from root_dir without following links "
       "below it (only the last component is checked without root_dir); GIL released.");
   m.def(
+      "unlink_unchanged_files",
+      [](const std::vector<std::string>& paths,
+         const std::vector<std::pair<std::int64_t, long>>& mtimes, const std::string& root_dir,
+         bool dry_run) {
+        std::vector<timespec> when(mtimes.size());
+        for (std::size_t i = 0; i < mtimes.size(); ++i)
+          when[i] = {static_cast<time_t>(mtimes[i].first), mtimes[i].second};
+        kvtier::UnlinkedFiles done;
+        {
+          py::gil_scoped_release release;  // the evictor's threads hand the GIL over once a batch
+          done = kvtier::unlink_unchanged_files(root_dir, paths, when, dry_run);
+        }
+        py::object error = py::none();
+        if (done.error != 0) {  // e.g. "[Errno 13] Permission denied (unlink): '<path>'"
+          const std::string text = std::string(std::strerror(done.error)) + " (" +
+                                   done.operation + ")";
+          error = py::module_::import("builtins")
+                      .attr("OSError")(done.error, text, paths.at(done.outcomes.size()));
+        }
+        return py::make_tuple(done.outcomes, error);
+      },
+      "paths"_a, "mtimes"_a, "root_dir"_a = "", "dry_run"_a = false,
+      "Unlink each path that lstat shows a regular file of mtime mtimes[i], a (seconds, "
+      "nanoseconds) pair (divmod(st_mtime_ns, 10**9)); "
+      "GIL released. Returns (outcomes, error): per path handled, the bytes freed, "
+      "UNLINK_KEPT (left: not a regular file, a link, or used since) or UNLINK_GONE (nothing "
+      "there); error is None or the OSError (with the path and the failed call) that stopped "
+      "the walk at paths[len(outcomes)]. With root_dir, paths are reached from it without "
+      "following links below it.");
+  m.attr("UNLINK_KEPT") = kvtier::kKeptFile;
+  m.attr("UNLINK_GONE") = kvtier::kGoneFile;
+  m.def(
       "buffer_address",
       [](const py::buffer& buffer, bool writable) {
         ContiguousBuffer bytes(buffer, writable, "buffer_address: buffer");

@@ -274,7 +274,11 @@ def _gc_work(
         verb = "would remove" if dry_run else "removed"
         _progress(f"kvtier gc: {verb} {progress['files']} files ({format_size(progress['bytes'])})")
 
-    done = evict(found.candidates, need, dry_run=dry_run, on_batch=batch) if need else Evicted()
+    done = (
+        evict(found.candidates, need, dry_run=dry_run, on_batch=batch, root=root)
+        if need
+        else Evicted()
+    )
     return _summary(root, policy, dry_run, found, done, started)
 
 

@@ -1,13 +1,16 @@
 // A root others can write to: block paths resolve beneath root_dir without following links
 // (with openat2 and with the per-component fallback), special files at block paths fail the
 // block instead of hanging it, directories get exactly directory_mode(file_mode), and tmp
-// files carry a lock that tells their writer is alive.
+// files carry a lock that tells their writer is alive; the evictor's unlinks follow no link
+// below the root either.
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -178,4 +181,79 @@ KV_TEST(tmp_file_names_match_the_pattern_and_locks_tell_liveness) {
   CHECK(kvtier::tmp_file_writer(path) == kvtier::TmpWriter::kGone);
   CHECK_EQ(::mkfifo((dir / "f.h.1.2.tmp").c_str(), 0600), 0);
   CHECK(kvtier::tmp_file_writer(dir / "f.h.1.2.tmp") == kvtier::TmpWriter::kUnknown);
+}
+
+namespace {
+
+timespec mtime_of(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) FAIL("lstat " + path);
+  return st.st_mtim;
+}
+
+void make_file(const std::string& path, std::size_t size) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) FAIL("create " + path);
+  ::close(fd);
+}
+
+}  // namespace
+
+KV_TEST(the_evictors_unlinks_remove_only_unchanged_regular_files_beneath_the_root) {
+  both_resolutions([](bool openat2) {
+    const std::string how = openat2 ? " (openat2)" : " (fallback)";
+    TempDir dir, outside;
+    CHECK_EQ(::mkdir((dir / "d").c_str(), 0700), 0);
+    make_file(dir / "d/a.kvb", 100);
+    make_file(dir / "d/b.kvb", 200);  // the same directory: its descriptor is reused
+    make_file(dir / "d/used.kvb", 300);
+    make_file(dir / "dry.kvb", 400);
+    make_file(outside / "x.kvb", 500);
+    CHECK_EQ(::mkfifo((dir / "d/fifo.kvb").c_str(), 0600), 0);
+    CHECK_EQ(::symlink(outside.path().c_str(), (dir / "link").c_str()), 0);
+    const timespec used_then{mtime_of(dir / "d/used.kvb").tv_sec - 1, 0};  // used since
+    const std::vector<std::string> paths{
+        dir / "d/a.kvb",    dir / "d/b.kvb", dir / "d/used.kvb", dir / "d/fifo.kvb",
+        dir / "d/gone.kvb", dir / "no/such.kvb", dir / "link/x.kvb", outside / "x.kvb"};
+    const std::vector<timespec> mtimes{
+        mtime_of(dir / "d/a.kvb"), mtime_of(dir / "d/b.kvb"), used_then,
+        mtime_of(dir / "d/fifo.kvb"), {}, {}, mtime_of(outside / "x.kvb"),
+        mtime_of(outside / "x.kvb")};
+    const kvtier::UnlinkedFiles done =
+        kvtier::unlink_unchanged_files(dir.path(), paths, mtimes, false);
+    CHECK_MSG(done.error == 0, done.operation + how);
+    const std::vector<std::int64_t> expected{100, 200, kvtier::kKeptFile, kvtier::kKeptFile,
+                                             kvtier::kGoneFile, kvtier::kGoneFile,
+                                             kvtier::kKeptFile, kvtier::kKeptFile};
+    CHECK_MSG(done.outcomes == expected, how);
+    CHECK(!kvtest::file_exists(dir / "d/a.kvb") && !kvtest::file_exists(dir / "d/b.kvb"));
+    CHECK(kvtest::file_exists(dir / "d/used.kvb") && kvtest::file_exists(outside / "x.kvb"));
+
+    const kvtier::UnlinkedFiles dry =
+        kvtier::unlink_unchanged_files(dir.path(), {dir / "dry.kvb"}, {mtime_of(dir / "dry.kvb")},
+                                       true);
+    CHECK(dry.error == 0 && dry.outcomes == std::vector<std::int64_t>{400});
+    CHECK(kvtest::file_exists(dir / "dry.kvb"));
+    // Without a root only the last component is not followed (the Python side's lstat).
+    const kvtier::UnlinkedFiles unrooted = kvtier::unlink_unchanged_files(
+        "", {dir / "link/x.kvb"}, {mtime_of(outside / "x.kvb")}, true);
+    CHECK(unrooted.outcomes == std::vector<std::int64_t>{500});
+  });
+}
+
+KV_TEST(the_evictors_unlinks_stop_at_the_first_error_and_say_where) {
+  TempDir dir;
+  make_file(dir / "a.kvb", 10);
+  bool threw = false;
+  try {
+    kvtier::unlink_unchanged_files(dir.path(), {dir / "a.kvb"}, {}, false);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  CHECK(threw);
+  const kvtier::UnlinkedFiles missing_root =
+      kvtier::unlink_unchanged_files(dir / "none", {dir / "none/a.kvb"}, {timespec{}}, false);
+  CHECK(missing_root.error == ENOENT && missing_root.operation == "open");
+  CHECK(missing_root.outcomes.empty());
+  CHECK(kvtest::file_exists(dir / "a.kvb"));
 }

@@ -373,6 +373,66 @@ def test_eviction_frees_no_more_than_needed(tmp_path):
     assert done.unlink_cpu_seconds > 0
 
 
+def test_eviction_never_follows_a_link_planted_below_the_root(tmp_path):
+    """A directory the scan saw, replaced by a link to a directory outside the root before
+    the evictor's turn: the file behind the link is kept, even with the scanned mtime."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    ns = root / "ns" / "rank-0"
+    ns.mkdir(parents=True)
+    outside.mkdir()
+    name = f"{1:072x}.kvb"
+    for directory in (ns, outside):
+        (directory / name).write_bytes(directory.name.encode() * 1024)
+        os.utime(directory / name, ns=(10**18, 10**18))
+    found = survey(str(root), 1 << 62)
+    assert [Path(e.path).name for e in found.candidates] == [name]
+    shutil.rmtree(ns)
+    ns.symlink_to(outside)
+    done = evict(found.candidates, 1 << 62, workers=1, root=str(root))
+    assert done.bytes == 0 and done.paths == [] and done.skipped_recent == 1
+    assert (outside / name).read_bytes() == b"outside" * 1024
+    # Without the root the path is followed as os.unlink follows it: what root= prevents.
+    assert evict(found.candidates, 1 << 62, workers=1, dry_run=True).bytes == 7 * 1024
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_an_unlink_error_stops_eviction_after_reporting_what_it_removed(tmp_path, workers):
+    """EROFS (a read-only bind mount over part of the root) stops the pass: every file it
+    removed before was passed to on_batch, and the error names the file it failed on."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a read-only bind mount")
+    ns = tmp_path / "ns" / "rank-0"
+    writable, frozen = ns / "a", ns / "b"
+    for n, directory in enumerate((writable, frozen)):
+        directory.mkdir(parents=True)
+        for i in range(6):
+            path = directory / f"{n * 6 + i:072x}.kvb"
+            path.write_bytes(b"x" * 8192)
+            os.utime(path, ns=(10**18 + n * 6 + i, 10**18 + n * 6 + i))  # a's are older
+    subprocess.run(["mount", "--bind", str(frozen), str(frozen)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(frozen)], check=True)
+        found = survey(str(tmp_path), 1 << 62)
+        reported: list[str] = []
+        with ThreadPoolExecutor(workers) as pool, pytest.raises(OSError) as caught:
+            evict(
+                found.candidates,
+                1 << 62,
+                workers=workers,
+                pool=pool if workers > 1 else None,
+                on_batch=lambda paths, nbytes: reported.extend(paths),
+                root=str(tmp_path),
+            )
+        assert caught.value.errno == errno.EROFS
+        assert Path(caught.value.filename).parent == frozen
+        assert "(unlink)" in str(caught.value)
+        assert sorted(Path(p).name for p in reported) == [f"{i:072x}.kvb" for i in range(6)]
+        assert list(writable.iterdir()) == []  # the older half went, and was reported
+        assert len(list(frozen.iterdir())) == 6
+    finally:
+        subprocess.run(["umount", str(frozen)], check=False)
+
+
 def test_evicted_block_is_a_clean_miss(tmp_path):
     """The evicting process stops reporting an evicted block at once; a load of it fails
     as a miss with ENOENT in its error."""

@@ -32,6 +32,7 @@ from kvtier import _core
 from kvtier.errors import StorageError
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.factory import SecondaryTierFactory
+from kvtier.tiering.fs import file_mapper
 from kvtier.tiering.fs.file_mapper import (
     CONFIG_FILE_NAME,
     FileMapper,
@@ -596,3 +597,48 @@ def test_a_config_that_cannot_be_created_is_named_by_its_full_path(tmp_path: Pat
         FileMapper(str(root), SPEC, ROW).prepare(0o600)
     assert caught.value.errno == errno.EEXIST
     assert caught.value.filename == str(namespace / name)
+
+
+@pytest.mark.parametrize("removals", [1, 3])
+def test_a_config_tmp_swept_before_its_lock_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, removals: int
+) -> None:
+    # Another process's sweep sees a fresh tmp file without a lock (the instant between its
+    # open and its lock) and removes it: the writer sees its file unlinked and takes a new name.
+    root = tmp_path / "root"
+    namespace = Path(mapper(root).namespace_dir)
+    real_lock = _core.lock_tmp_file
+    swept: list[str] = []
+
+    def swept_first(fd: int) -> bool:
+        if len(swept) < removals:
+            (tmp,) = namespace.glob("config.json.*.tmp")
+            tmp.unlink()  # what the other process's sweep does
+            swept.append(tmp.name)
+        return real_lock(fd)
+
+    monkeypatch.setattr(file_mapper._core, "lock_tmp_file", swept_first)
+    FileMapper(str(root), SPEC, ROW).prepare(0o600)
+    assert len(set(swept)) == removals
+    assert json.loads((namespace / CONFIG_FILE_NAME).read_text())
+    assert list(namespace.glob("config.json.*")) == []
+
+
+def test_a_config_tmp_swept_every_time_fails_with_enoent_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    namespace = Path(mapper(root).namespace_dir)
+    real_lock = _core.lock_tmp_file
+
+    def always_swept(fd: int) -> bool:
+        for tmp in namespace.glob("config.json.*.tmp"):
+            tmp.unlink()
+        return real_lock(fd)
+
+    monkeypatch.setattr(file_mapper._core, "lock_tmp_file", always_swept)
+    with pytest.raises(StorageError) as caught:
+        FileMapper(str(root), SPEC, ROW).prepare(0o600)
+    assert caught.value.errno == errno.ENOENT
+    assert "removed by a sweep before locked" in str(caught.value)
+    assert list(namespace.glob("config.json*")) == []

@@ -2,6 +2,8 @@
 
 #include <sys/types.h>
 
+#include <ctime>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -58,6 +60,31 @@ KVTIER_EXPORT TmpWriter tmp_file_writer(const std::string& path) noexcept;
 /// `root_dir` only the last component of each path must not be a link.
 KVTIER_EXPORT std::vector<bool> regular_files_exist(const std::string& root_dir,
                                                     const std::vector<std::string>& paths);
+
+/// What unlink_unchanged_files() did with each path it reached.
+struct UnlinkedFiles {
+  /// Per path, in order, for the paths handled: the size of the regular file unlinked (or, in
+  /// a dry run, found unchanged); kKeptFile when the entry was left alone (not a regular file,
+  /// a link on the way, not below the root, or its mtime is no longer the one listed: used
+  /// since); kGoneFile when nothing was there (another deleter was first).
+  std::vector<std::int64_t> outcomes;
+  /// 0, or the errno that stopped the walk at paths[outcomes.size()], which `operation`
+  /// ("lstat", "open" or "unlink") failed on; the paths before it were handled.
+  int error = 0;
+  std::string operation;
+};
+inline constexpr std::int64_t kKeptFile = -1;
+inline constexpr std::int64_t kGoneFile = -2;
+
+/// The evictor's system calls for a batch of block files in one call (Python calls it with the
+/// GIL released: a check, an lstat and an unlink per file each handed the GIL over): each of
+/// `paths` whose lstat shows a regular file with mtime `mtimes[i]` is unlinked, unless
+/// `dry_run`. With a non-empty `root_dir` every path is reached from it
+/// without following any symbolic link below it, as regular_files_exist() does.
+KVTIER_EXPORT UnlinkedFiles unlink_unchanged_files(const std::string& root_dir,
+                                                   const std::vector<std::string>& paths,
+                                                   const std::vector<timespec>& mtimes,
+                                                   bool dry_run);
 
 }  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

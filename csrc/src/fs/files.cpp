@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <stdexcept>
 
 #include <kvtier/error.hpp>
 
@@ -97,6 +98,82 @@ std::vector<bool> regular_files_exist(const std::string& root_dir,
         ::fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
   }
   return exist;
+}
+
+UnlinkedFiles unlink_unchanged_files(const std::string& root_dir,
+                                     const std::vector<std::string>& paths,
+                                     const std::vector<timespec>& mtimes, bool dry_run) {
+  if (mtimes.size() != paths.size())
+    throw std::invalid_argument("unlink_unchanged_files: one mtime per path");
+  UnlinkedFiles done;
+  done.outcomes.reserve(paths.size());
+  detail::RootDir root;
+  if (!root_dir.empty()) {
+    try {
+      root = detail::RootDir(root_dir, /*create=*/false, 0);
+    } catch (const SystemError& e) {
+      done.error = e.code().value();
+      done.operation = "open";
+      return done;
+    }
+  }
+  // Consecutive blocks of one directory reuse its descriptor.
+  std::string directory, name, open_directory;
+  detail::FileDescriptor dir;
+  struct stat st;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    int at = AT_FDCWD;
+    const char* entry = paths[i].c_str();
+    if (!root_dir.empty()) {
+      if (root.split(paths[i], directory, name) != 0) {
+        done.outcomes.push_back(kKeptFile);
+        continue;
+      }
+      if (!dir || directory != open_directory) {
+        dir = detail::FileDescriptor();
+        if (const detail::PathError e = root.open_directory(directory, false, 0, dir)) {
+          if (e.error == ENOENT) {
+            done.outcomes.push_back(kGoneFile);
+          } else if (e.error == ELOOP || e.error == ENOTDIR) {
+            done.outcomes.push_back(kKeptFile);
+          } else {
+            done.error = e.error;
+            done.operation = "open";
+            return done;
+          }
+          continue;
+        }
+        open_directory = directory;
+      }
+      at = dir.get();
+      entry = name.c_str();
+    }
+    if (::fstatat(at, entry, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno != ENOENT) {
+        done.error = errno;
+        done.operation = "lstat";
+        return done;
+      }
+      done.outcomes.push_back(kGoneFile);
+      continue;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_mtim.tv_sec != mtimes[i].tv_sec ||
+        st.st_mtim.tv_nsec != mtimes[i].tv_nsec) {
+      done.outcomes.push_back(kKeptFile);
+      continue;
+    }
+    if (!dry_run && ::unlinkat(at, entry, 0) != 0) {
+      if (errno != ENOENT) {
+        done.error = errno;
+        done.operation = "unlink";
+        return done;
+      }
+      done.outcomes.push_back(kGoneFile);  // another evictor was first: not ours to uncount
+      continue;
+    }
+    done.outcomes.push_back(static_cast<std::int64_t>(st.st_size));
+  }
+  return done;
 }
 
 }  // namespace KVTIER_ABI_NAMESPACE

@@ -237,15 +237,9 @@ class FileMapper:
         # The tmp file's descriptor (and so its lock) stays open until its name is gone: a
         # sweep elsewhere must see this writer alive all along.
         data = (json.dumps(expected, indent=2, sort_keys=True) + "\n").encode()
-        tmp = tmp_file_name(CONFIG_FILE_NAME)
-        fd = -1
+        tmp, fd = "", -1
         try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-            fd = os.open(tmp, flags, file_mode, dir_fd=dir_fd)
-            _core.lock_tmp_file(fd)
-            if os.fstat(fd).st_nlink == 0:
-                # A sweep removed it between open and lock (it saw no lock yet).
-                raise FileNotFoundError(errno.ENOENT, "removed by a sweep before locked", tmp)
+            tmp, fd = _locked_tmp_file(dir_fd, file_mode)
             os.fchmod(fd, file_mode)  # exact, whatever the umask (as block files)
             os.write(fd, data)
             os.fsync(fd)
@@ -294,6 +288,32 @@ class FileMapper:
                 f"({CONFIG_FILE_NAME} disagrees: {details}); refusing to mix blocks. Use "
                 "another root_dir or remove that namespace directory."
             )
+
+
+# A sweep of another process may remove a tmp file in the instant between its creation and its
+# lock (it sees no writer yet); a fresh name is tried this many times before giving up.
+_TMP_TRIES = 8
+
+
+def _locked_tmp_file(dir_fd: int, file_mode: int) -> tuple[str, int]:
+    """A fresh tmp file for config.json in ``dir_fd``, created and locked: (name, fd)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    for _ in range(_TMP_TRIES):
+        tmp = tmp_file_name(CONFIG_FILE_NAME)
+        fd = os.open(tmp, flags, file_mode, dir_fd=dir_fd)
+        try:
+            _core.lock_tmp_file(fd)
+            if os.fstat(fd).st_nlink > 0:
+                return tmp, fd
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        os.close(fd)  # a sweep removed it before the lock was taken: try a fresh name
+    raise FileNotFoundError(
+        errno.ENOENT, f"removed by a sweep before locked, {_TMP_TRIES} times in a row", tmp
+    )
 
 
 def _make_directories(path: str, mode: int) -> None:

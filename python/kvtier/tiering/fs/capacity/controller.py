@@ -747,6 +747,7 @@ class CapacityController:
             stop=self._stop,
             pool=self._unlinkers,
             tuning=self._unlink_tuning,
+            root=self.root,
         )
         self._unlink_tuning = done.tuning
         self.eviction_cpu_seconds += done.unlink_cpu_seconds

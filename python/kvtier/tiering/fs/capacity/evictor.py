@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
+from kvtier import _core
 from kvtier.tiering.fs.capacity.daemon_pool import DaemonPool
 from kvtier.tiering.fs.capacity.ledger import (
     PROCESS_CLOSE_FAILURES,
@@ -65,6 +66,9 @@ class UnlinkTuning:
     hold: int = 0  # waves to stay at this count before trying fewer again
 
 
+# The outcome of a candidate after the error that stopped its thread's share of a wave.
+_UNTRIED = -2
+
 # Fewer threads are kept unless the wave rate fell below this share of the one before.
 _SLOWER = 0.8
 # After a step up, waves at that count before fewer are tried again.
@@ -93,6 +97,7 @@ def evict(
     workers: int = UNLINK_WORKERS,
     pool: Executor | None = None,
     tuning: UnlinkTuning | None = None,
+    root: str = "",
 ) -> Evicted:
     """Unlink candidates (oldest first) until ``need_bytes`` are freed.
 
@@ -112,6 +117,11 @@ def evict(
     try halving the count while the files per second hold (within _SLOWER), and double it
     back when they fall (_next_threads). ``tuning`` carries that across passes (start:
     ``workers``); Evicted.tuning is where it ended.
+
+    With ``root``, candidates are reached from it without following any symbolic link below
+    it (a link planted in the tree is never followed to a file outside). An error other than
+    a vanished file (EACCES, EIO) stops the pass: the files removed before it are reported
+    through ``on_batch``, then it is raised.
     """
     done = Evicted()
     tune = tuning if tuning is not None else UnlinkTuning(workers)
@@ -139,21 +149,22 @@ def evict(
                 n_slices = min(tune.threads, len(wave))
                 slices = [wave[w::n_slices] for w in range(n_slices)]
                 began = time.perf_counter()
-                parts = list(pool.map(lambda part: _evict_all(part, in_use, dry_run), slices))
+                parts = list(pool.map(lambda part: _evict_all(part, in_use, dry_run, root), slices))
                 wall = time.perf_counter() - began
                 wave = [e for part in slices for e in part]
-                outcomes = [o for part, _ in parts for o in part]
-                cpu = sum(cpu for _, cpu in parts)
-                done.unlink_cpu_seconds += cpu
                 if len(wave) >= 2 * n_slices and wall > 0:  # a wave too small tells nothing
                     _next_threads(tune, len(wave) / wall, workers)
             else:
-                outcomes, cpu = _evict_all(wave, in_use, dry_run)
-                done.unlink_cpu_seconds += cpu
+                parts = [_evict_all(wave, in_use, dry_run, root)]
+            outcomes = [o for part, _, _ in parts for o in part]
+            done.unlink_cpu_seconds += sum(cpu for _, cpu, _ in parts)
+            error = next((e for _, _, e in parts if e is not None), None)
             paths, nbytes = [], 0
             for entry, outcome in zip(wave, outcomes):
                 if outcome is None:
                     done.vanished += 1
+                elif outcome == _UNTRIED:
+                    continue
                 elif outcome < 0:
                     done.skipped_recent += 1
                 else:
@@ -163,6 +174,8 @@ def evict(
             done.bytes += nbytes
             if on_batch is not None and paths:
                 on_batch(paths, nbytes)
+            if error is not None:
+                raise error  # after the files it did remove were reported
     finally:
         if own_pool and pool is not None:
             pool.shutdown()
@@ -186,32 +199,35 @@ def _next_threads(tune: UnlinkTuning, rate: float, workers: int) -> None:
 
 
 def _evict_all(
-    entries: Sequence[FileEntry], in_use: Callable[[str], bool], dry_run: bool
-) -> tuple[list[int | None], float]:
-    """Outcomes of ``entries`` (see _evict_one) and this thread's CPU seconds for them."""
+    entries: Sequence[FileEntry], in_use: Callable[[str], bool], dry_run: bool, root: str
+) -> tuple[list[int | None], float, OSError | None]:
+    """Outcomes of ``entries`` (bytes freed; -1 for a block kept: not a block, or used since
+    the scan; None if it was gone; _UNTRIED past an error), this thread's CPU seconds for them
+    and the error that stopped them, if any.
+
+    The Python checks come first; the system calls of the rest (an lstat to see that the
+    mtime is still the scan's, then the unlink) are one native call with the GIL released: a
+    call per file handed the GIL to and fro three times per file, which the engine's callers
+    and the other unlink threads waited for."""
     started = time.thread_time()
-    outcomes = [_evict_one(e, in_use, dry_run) for e in entries]
-    return outcomes, time.thread_time() - started
-
-
-def _evict_one(entry: FileEntry, in_use: Callable[[str], bool], dry_run: bool) -> int | None:
-    """Bytes freed; -1 for a block kept (used since the scan); None if it was gone."""
-    if not is_block_name(os.path.basename(entry.path)):
-        return -1  # scanners only offer blocks; this keeps any other file out of reach
-    if in_use(entry.path):
-        return -1
-    try:
-        st = os.lstat(entry.path)
-    except FileNotFoundError:
-        return None
-    if st.st_mtime_ns != entry.mtime_ns:
-        return -1
-    if not dry_run:
-        try:
-            os.unlink(entry.path)
-        except FileNotFoundError:
-            return None  # another evictor was first: not ours to uncount
-    return st.st_size
+    outcomes: list[int | None] = [-1] * len(entries)
+    # is_block_name: scanners only offer blocks; this keeps any other file out of reach.
+    todo = [
+        i
+        for i, e in enumerate(entries)
+        if is_block_name(os.path.basename(e.path)) and not in_use(e.path)
+    ]
+    results, error = _core.unlink_unchanged_files(
+        [entries[i].path for i in todo],
+        [divmod(entries[i].mtime_ns, 10**9) for i in todo],
+        root,
+        dry_run,
+    )
+    for i, result in zip(todo, results):
+        outcomes[i] = None if result == _core.UNLINK_GONE else -1 if result < 0 else result
+    for i in todo[len(results) :]:
+        outcomes[i] = _UNTRIED
+    return outcomes, time.thread_time() - started, error
 
 
 __all__ = ["EVICTOR_LOCK_NAME", "Evicted", "UnlinkTuning", "evict", "evictor_lock"]
