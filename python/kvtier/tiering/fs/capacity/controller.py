@@ -268,16 +268,19 @@ class CapacityController:
                 answer: str | None | Deferred = None
             else:
                 low = True
-                box: list[str | None] = []
-                done = threading.Event()
+                then_: Callable[[str | None], None]
+                if then is None:  # only a caller that waits gets an event (a lock, a deque)
+                    box: list[str | None] = []
+                    done = threading.Event()
 
-                def answer_here(reason: str | None) -> None:
-                    box.append(reason)
-                    done.set()
+                    def answer_here(reason: str | None) -> None:
+                        box.append(reason)
+                        done.set()
 
-                wait = _Wait(
-                    need, then or answer_here, time.monotonic() + STORE_WAIT_SECONDS, paths
-                )
+                    then_ = answer_here
+                else:
+                    then_ = then
+                wait = _Wait(need, then_, time.monotonic() + STORE_WAIT_SECONDS, paths)
                 self._hold(paths)
                 self._waiting.append(wait)
                 answer = DEFERRED
