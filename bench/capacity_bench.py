@@ -6,6 +6,7 @@
     python bench/capacity_bench.py evict   [--root DIR] [--total 1G]
     python bench/capacity_bench.py million [--root DIR] [--files 1000000] [--budget-fraction 0.5]
     python bench/capacity_bench.py submit  [--root DIR] [--budget 64M] [--jobs 4000] [--repeat 3]
+    python bench/capacity_bench.py gcpause [--root DIR] [--files 262144] [--repeat 5]
 
 steady:  store throughput with a full cache (every store makes room) against the same run
          without a budget, at 256 KiB and 2 MiB blocks, alternating run by run; CPU per GiB
@@ -17,6 +18,9 @@ recency: p50 latency of one-block loads with the tier's recency bookkeeping agai
 submit:  p50/p99 of submit_store() calls (the caller's thread only) with a full budget
          against the same tier without one, alternating run by run; one block per job,
          at most --inflight jobs in flight.
+gcpause: the full garbage collection a process pays (GIL held) while it keeps a survey's
+         candidates, as a tier does between passes: makes N empty block files, surveys
+         them, then times gc.collect() with the candidates held and after they are dropped.
 million: makes N small block files (sparse, 8 KiB each) with make_block_tree, then times a
          tier's constructor on that root without a ledger, the background scan until the
          ledger is complete, eviction down to the budget, and `kvtier du`.
@@ -121,6 +125,28 @@ def make_block_tree(root: Path, n: int, size: int = 8192) -> None:
         os.close(fd)
 
 
+def gc_pause(args: argparse.Namespace) -> dict:
+    import gc
+
+    def collect_ms() -> float:
+        times = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            gc.collect()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return round(float(np.median(times)), 2)
+
+    with scratch(args.root) as root:
+        make_block_tree(root, args.files, 0)
+        found = survey(str(root), 1 << 62)
+        held = collect_ms()
+        n = len(found.candidates)
+        del found
+        result = {"candidates": n, "collect_ms_held": held, "collect_ms_dropped": collect_ms()}
+    print(json.dumps(result))
+    return result
+
+
 def million(args: argparse.Namespace) -> dict:
     size = 8192
     with scratch(args.root) as root:
@@ -222,7 +248,7 @@ def submit_latency(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
-    for name in ("steady", "recency", "evict", "million", "submit"):
+    for name in ("steady", "recency", "evict", "million", "submit", "gcpause"):
         p = sub.add_parser(name)
         p.add_argument("--root", type=Path, default=Path("."))
         p.add_argument("--json", type=Path)
@@ -241,6 +267,9 @@ def main() -> None:
             p.add_argument("--jobs", type=int, default=4000)
             p.add_argument("--repeat", type=int, default=3)
             p.add_argument("--inflight", type=int, default=64, help="store jobs in flight")
+        if name == "gcpause":
+            p.add_argument("--files", type=int, default=1 << 18)
+            p.add_argument("--repeat", type=int, default=5)
         if name == "million":
             p.add_argument("--files", type=int, default=1_000_000)
             p.add_argument("--budget-fraction", type=float, default=0.5)
@@ -251,6 +280,7 @@ def main() -> None:
         "evict": evict_cost,
         "million": million,
         "submit": submit_latency,
+        "gcpause": gc_pause,
     }
     result = commands[args.what](args)
     if args.json is not None:

@@ -262,7 +262,7 @@ def _gc_work(
     if ledger is not None:
         ledger.reconcile(found.block_bytes, added)  # tmp files: in leases
     need = max(policy.budget_need(found.total_bytes), policy.free_need(os.statvfs(root)))
-    if need > sum(e.size for e in found.candidates):  # the estimate was low: pick again
+    if need > found.candidates.bytes:  # the estimate was low: pick again
         found = survey(root, need + (policy.max_bytes or 0) // 20)
     progress = {"files": 0, "bytes": 0}
 

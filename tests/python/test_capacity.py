@@ -5,6 +5,7 @@ tmpfs, eviction "none", and what lookups and loads see of evictions."""
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
 import shutil
@@ -29,7 +30,7 @@ from kvtier.tiering.fs.capacity import controller as capacity_controller
 from kvtier.tiering.fs.capacity.controller import DEFERRED
 from kvtier.tiering.fs.capacity.evictor import UnlinkTuning, _next_threads, evict, evictor_lock
 from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, Base, LedgerState, UsageLedger
-from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME
+from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME, FileEntry
 from kvtier.tiering.fs.capacity.survey import survey
 from kvtier.tiering.fs.manager import FileSystemTierManager
 from kvtier.tiering.spec import OffloadingSpec
@@ -371,6 +372,30 @@ def test_eviction_frees_no_more_than_needed(tmp_path):
     assert sorted(Path(p).name for p in done.paths) == [f"{i:072x}.kvb" for i in range(3)]
     assert len(block_paths(tmp_path)) == 37
     assert done.unlink_cpu_seconds > 0
+
+
+def test_kept_candidates_cost_the_garbage_collector_nothing(tmp_path):
+    """A tier keeps up to 262,144 candidates between passes. As FileEntry objects (a
+    NamedTuple, which the collector never stops tracking) every full collection of the
+    engine's process traversed all of them with the GIL held; kept as plain tuples they leave
+    the collector's lists after one collection."""
+    ns = tmp_path / "ns" / "rank-0"
+    ns.mkdir(parents=True)
+    for i in range(2000):
+        path = ns / f"{i:072x}.kvb"
+        path.touch()
+        os.utime(path, ns=(10**18 + i, 10**18 + i))
+    gc.collect()
+    before = len(gc.get_objects())
+    found = survey(str(tmp_path), 1 << 62)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 100
+    assert len(found.candidates) == 2000 and found.candidates.bytes == 0
+    first = found.candidates[0]
+    assert isinstance(first, FileEntry) and first.path == str(ns / f"{0:072x}.kvb")
+    assert first.mtime_ns == 10**18 and first.is_block and first.namespace == "ns"
+    assert [e.mtime_ns for e in found.candidates[1998:]] == [10**18 + 1998, 10**18 + 1999]
+    assert found.candidates.drop_first(1990) == 0 and len(found.candidates) == 10
 
 
 def test_eviction_never_follows_a_link_planted_below_the_root(tmp_path):

@@ -40,9 +40,8 @@ from kvtier.tiering.fs.capacity.ledger import (
 )
 from kvtier.tiering.fs.capacity.policy import CapacityPolicy, fs_used_bytes
 from kvtier.tiering.fs.capacity.recency import FLUSH_SECONDS, RecencyLog
-from kvtier.tiering.fs.capacity.scanner import FileEntry
 from kvtier.tiering.fs.capacity.sizes import block_file_bytes, format_size
-from kvtier.tiering.fs.capacity.survey import Interrupted, Survey, survey
+from kvtier.tiering.fs.capacity.survey import Candidates, Interrupted, Survey, survey
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +172,7 @@ class CapacityController:
         self._last_added = -1
         self._quiet_ticks = 0
         # Least recently used blocks found by the last scan, oldest first, not yet tried.
-        self._candidates: list[FileEntry] = []
+        self._candidates = Candidates()
         self._candidate_bytes = 0
         self._candidates_at = 0.0
         self._pass_seconds = 0.0
@@ -734,7 +733,7 @@ class CapacityController:
         since is checked and skipped when its turn comes (evict())."""
         found = survey(self.root, _ALL_BYTES if keep_candidates else 0, self._stop)
         self._candidates, self._candidates_at = found.candidates, time.monotonic()
-        self._candidate_bytes = sum(e.size for e in self._candidates)
+        self._candidate_bytes = self._candidates.bytes
         return found
 
     def _evict_candidates(self, need: int) -> int:
@@ -755,8 +754,7 @@ class CapacityController:
         self._unlink_tuning = done.tuning
         self.eviction_cpu_seconds += done.unlink_cpu_seconds
         tried = len(done.paths) + done.skipped_recent + done.vanished
-        self._candidate_bytes -= sum(e.size for e in self._candidates[:tried])
-        del self._candidates[:tried]
+        self._candidate_bytes -= self._candidates.drop_first(tried)
         return done.bytes
 
     def _evicted(self, paths: list[str], nbytes: int) -> None:

@@ -8,13 +8,57 @@ from __future__ import annotations
 
 import heapq
 import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from kvtier.tiering.fs.capacity.scanner import FileEntry, scan
 
 # Victim candidates kept by one pass at most: bounds memory on huge roots (about 200 bytes
 # each); if they do not free enough, the next pass finds more.
 MAX_CANDIDATES = 1 << 18
+
+
+class Candidates(Sequence[FileEntry]):
+    """Blocks to evict, oldest first, read as FileEntry but kept as plain tuples.
+
+    The garbage collector stops tracking a tuple of strings and ints once a collection has
+    seen it, but never a NamedTuple: 262,144 FileEntry objects (MAX_CANDIDATES) made every
+    full collection of the process traverse them, about 70 ms with the GIL held on a 2-vCPU
+    host, against 7 ms for the same rows as tuples (docs/PERFORMANCE.md section 24). A tier
+    keeps its candidates for later passes, so they lived long enough to meet every full
+    collection of the engine's process.
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: Iterable[tuple[bool, str, str, int, int]] = ()) -> None:
+        self._rows = list(rows)  # FileEntry's fields, in its order
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> FileEntry: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[FileEntry]: ...
+    def __getitem__(self, index: int | slice) -> FileEntry | list[FileEntry]:
+        if isinstance(index, slice):
+            return [FileEntry._make(row) for row in self._rows[index]]
+        return FileEntry._make(self._rows[index])
+
+    def __iter__(self) -> Iterator[FileEntry]:
+        return (FileEntry._make(row) for row in self._rows)
+
+    def drop_first(self, n: int) -> int:
+        """Forget the ``n`` oldest candidates; returns their bytes."""
+        gone = sum(row[3] for row in self._rows[:n])
+        del self._rows[:n]
+        return gone
+
+    @property
+    def bytes(self) -> int:
+        return sum(row[3] for row in self._rows)
 
 
 @dataclass
@@ -36,7 +80,7 @@ class Survey:
     """Totals of one scan, plus the oldest blocks covering ``want_bytes`` (oldest first)."""
 
     namespaces: dict[str, NamespaceUsage] = field(default_factory=dict)
-    candidates: list[FileEntry] = field(default_factory=list)
+    candidates: Candidates = field(default_factory=Candidates)
 
     @property
     def total_bytes(self) -> int:
@@ -75,8 +119,8 @@ def survey(
     """
     result = Survey()
     # Max-heap on mtime (negated) of the oldest blocks seen so far; the newest of them is
-    # dropped while the rest still cover want_bytes.
-    heap: list[tuple[int, str, FileEntry]] = []
+    # dropped while the rest still cover want_bytes. Plain tuples (see Candidates).
+    heap: list[tuple[int, str, int, str]] = []  # (-mtime_ns, path, size, namespace)
     held = 0
     for i, entry in enumerate(scan(root)):
         if stop is not None and not i & 4095 and stop.is_set():
@@ -98,12 +142,13 @@ def survey(
         if want_bytes <= 0:
             continue
         if held < want_bytes or (len(heap) and t < -heap[0][0]):
-            heapq.heappush(heap, (-t, entry.path, entry))
+            heapq.heappush(heap, (-t, entry.path, entry.size, entry.namespace))
             held += entry.size
-            while heap and (held - heap[0][2].size >= want_bytes or len(heap) > MAX_CANDIDATES):
-                held -= heapq.heappop(heap)[2].size
-    result.candidates = [e for _, _, e in sorted(heap, key=lambda x: (-x[0], x[1]))]
+            while heap and (held - heap[0][2] >= want_bytes or len(heap) > MAX_CANDIDATES):
+                held -= heapq.heappop(heap)[2]
+    heap.sort(key=lambda x: (-x[0], x[1]))
+    result.candidates = Candidates((True, ns, path, size, -neg) for neg, path, size, ns in heap)
     return result
 
 
-__all__ = ["MAX_CANDIDATES", "Interrupted", "NamespaceUsage", "Survey", "survey"]
+__all__ = ["MAX_CANDIDATES", "Candidates", "Interrupted", "NamespaceUsage", "Survey", "survey"]
