@@ -212,6 +212,10 @@ def _evict_all(
     started = time.thread_time()
     outcomes: list[int | None] = [-1] * len(entries)
     # is_block_name: scanners only offer blocks; this keeps any other file out of reach.
+    # A store that begins after these checks shows in the mtime the native call compares (it
+    # renames a new file into place) unless it lands between that lstat and the unlink (an
+    # over-count until the next scan). A use recorded here after them and not yet flushed
+    # does not show: that block, the oldest the scan saw, may go, a miss for its next load.
     todo = [
         i
         for i, e in enumerate(entries)
