@@ -76,15 +76,18 @@ PyEngine::~PyEngine() {
     registry().engines.erase(this);
   }
   // A daemon thread that dropped the last reference while the interpreter exits must not
-  // wait for the GIL again: once finalization starts, CPython ends such a thread with a
-  // forced unwind through this noexcept destructor, and that is std::terminate. The engine
-  // has stopped; the exiting process keeps the buffers until it is gone, so this thread
-  // parks instead (only daemon threads still run once the exit hook has started).
+  // wait for the GIL again (GilReleasedForStorage). The engine has stopped; the exiting
+  // process keeps the buffers until it is gone, so that thread parks.
+  GilReleasedForStorage::take_back_gil(state);
+  // buffers_ goes now, with the GIL held again and no worker left to touch its memory.
+}
+
+void GilReleasedForStorage::take_back_gil(PyThreadState* state) noexcept {
+  // Only daemon threads still run beside the main one once the exit hook has started.
   if ((exit_hook_started.load() || interpreter_finalizing()) &&
       PyThread_get_thread_ident() != main_thread_ident.load(std::memory_order_relaxed))
     for (;;) ::pause();
   PyEval_RestoreThread(state);
-  // buffers_ goes now, with the GIL held again and no worker left to touch its memory.
 }
 
 void register_lifetime(py::module_& m) {

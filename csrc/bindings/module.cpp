@@ -143,12 +143,12 @@ void register_functions(py::module_& m) {
       "data"_a, "crc"_a = 0, "CRC32C of a contiguous buffer (continuing from crc).");
   m.def("crc32c_is_hardware", &kvtier::crc32c_is_hardware);
   m.def("probe_o_direct", &kvtier::probe_o_direct, "dir"_a,
-        py::call_guard<py::gil_scoped_release>(),
+        py::call_guard<GilReleasedForStorage>(),
         "Empty string when O_DIRECT works in dir, else the reason it does not.");
   m.def(
       "paths_exist",
       [](const std::vector<std::string>& paths, const std::string& root_dir) {
-        py::gil_scoped_release release;  // a few system calls per path: slow on a shared FS
+        GilReleasedForStorage released;  // a few system calls per path: slow on a shared FS
         return kvtier::regular_files_exist(root_dir, paths);
       },
       "paths"_a, "root_dir"_a = "",
@@ -162,9 +162,14 @@ void register_functions(py::module_& m) {
         std::vector<timespec> when(mtimes.size());
         for (std::size_t i = 0; i < mtimes.size(); ++i)
           when[i] = {static_cast<time_t>(mtimes[i].first), mtimes[i].second};
+        // Before anything is removed, as os.remove raises "os.remove": audit hooks see (and
+        // may veto) the evictor's removals though no os.remove runs.
+        if (!dry_run && PySys_Audit("kvtier.unlink_unchanged_files", "(Os)",
+                                    py::cast(paths).ptr(), root_dir.c_str()) < 0)
+          throw py::error_already_set();
         kvtier::UnlinkedFiles done;
         {
-          py::gil_scoped_release release;  // the evictor's threads hand the GIL over once a batch
+          GilReleasedForStorage released;  // the unlink threads hand the GIL over once a batch
           done = kvtier::unlink_unchanged_files(root_dir, paths, when, dry_run);
         }
         py::object error = py::none();
@@ -183,7 +188,8 @@ void register_functions(py::module_& m) {
       "UNLINK_KEPT (left: not a regular file, a link, or used since) or UNLINK_GONE (nothing "
       "there); error is None or the OSError (with the path and the failed call) that stopped "
       "the walk at paths[len(outcomes)]. With root_dir, paths are reached from it without "
-      "following links below it.");
+      "following links below it. Unless dry_run, raises the audit event "
+      "kvtier.unlink_unchanged_files with (paths, root_dir) first.");
   m.attr("UNLINK_KEPT") = kvtier::kKeptFile;
   m.attr("UNLINK_GONE") = kvtier::kGoneFile;
   m.def(
@@ -244,7 +250,7 @@ void register_files(py::module_& m) {
             return "unknown";
         }
       },
-      "path"_a, py::call_guard<py::gil_scoped_release>(),
+      "path"_a, py::call_guard<GilReleasedForStorage>(),
       "'alive', 'gone', 'missing' or 'unknown': whether a tmp file's writer holds its lock.");
 }
 

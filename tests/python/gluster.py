@@ -30,6 +30,8 @@ SCRIPT = REPO / ".ci" / "glusterfs.sh"
 GLUSTER_DIR = Path(os.environ.get("KVTIER_GLUSTER_DIR", "/tmp/kvtier-gluster"))
 HOSTS = ("hostA", "hostB")
 CHILD_TIMEOUT_S = 120.0
+# The audit event of the evictor's removals (a batch: paths, root; csrc/bindings/module.cpp).
+REMOVE_BATCH = "kvtier.unlink_unchanged_files"
 F_OFD_GETLK = 36  # <fcntl.h>; Python's fcntl module has no name for it before 3.12
 _FLOCK = "hhqqi4x"  # struct flock on Linux x86_64/aarch64: type, whence, start, len, pid
 
@@ -205,9 +207,9 @@ def payload(i: int, row: int) -> bytes:
 def _worker(spec: dict[str, Any]) -> None:
     """Store ``count`` blocks from key ``first`` into ``root`` with a budget, loading back a
     block stored earlier after each store; prints ``{"ready": pid}`` once the tier is up and
-    a JSON report at the end. Removals of block files (Python's os.remove, through an audit
-    hook) are checked against the evictor lock at that moment, and removals of other hosts'
-    tmp files are counted."""
+    a JSON report at the end. Removals of block files (Python's os.remove and the evictor's
+    batches, through an audit hook) are checked against the evictor lock at that moment, and
+    removals of other hosts' tmp files are counted."""
     import socket
     import threading
 
@@ -232,19 +234,21 @@ def _worker(spec: dict[str, Any]) -> None:
     inside = threading.local()
 
     def audit(event: str, args: tuple[Any, ...]) -> None:
-        if event != "os.remove" or getattr(inside, "busy", False):
+        # os.remove: one path; kvtier.unlink_unchanged_files: the evictor's batch (paths, root)
+        if event not in ("os.remove", REMOVE_BATCH) or getattr(inside, "busy", False):
             return
         inside.busy = True
         try:
-            name = os.fsdecode(args[0]) if isinstance(args[0], (str, bytes)) else ""
-            if name.endswith(".kvb"):
-                counts["removals"] += 1
-                if not lock_held(lock_fd):
-                    counts["unlocked_removals"] += 1
-            elif name.endswith(".tmp") and ".kvb." in name:
-                host = os.path.basename(name).split(".kvb.", 1)[1].split(".")[0]
-                if host != me:
-                    counts["foreign_tmp_removals"] += 1
+            names = args[0] if event == REMOVE_BATCH else [args[0]]
+            for name in (os.fsdecode(n) for n in names if isinstance(n, (str, bytes))):
+                if name.endswith(".kvb"):
+                    counts["removals"] += 1
+                    if not lock_held(lock_fd):
+                        counts["unlocked_removals"] += 1
+                elif name.endswith(".tmp") and ".kvb." in name:
+                    host = os.path.basename(name).split(".kvb.", 1)[1].split(".")[0]
+                    if host != me:
+                        counts["foreign_tmp_removals"] += 1
         finally:
             inside.busy = False
 

@@ -420,6 +420,54 @@ def test_eviction_never_follows_a_link_planted_below_the_root(tmp_path):
     assert evict(found.candidates, 1 << 62, workers=1, dry_run=True).bytes == 7 * 1024
 
 
+AUDITED_EVICTION = """
+import json, os, sys
+from kvtier.tiering.fs.capacity.evictor import evict
+from kvtier.tiering.fs.capacity.survey import survey
+root, veto = sys.argv[1], sys.argv[2] == "veto"
+seen = []
+def hook(event, args):
+    if event == "kvtier.unlink_unchanged_files":
+        seen.append([list(args[0]), args[1], all(os.path.exists(p) for p in args[0])])
+        if veto:
+            raise PermissionError("vetoed by an audit hook")
+sys.addaudithook(hook)
+found = survey(root, 1 << 62)
+try:
+    done = evict(found.candidates, 1 << 62, workers=1, root=root)
+    print(json.dumps({"seen": seen, "removed": len(done.paths)}))
+except PermissionError as e:
+    print(json.dumps({"seen": seen, "refused": str(e)}))
+"""
+
+
+@pytest.mark.parametrize("veto", [False, True])
+def test_audit_hooks_see_and_may_veto_the_evictors_removals(tmp_path, veto):
+    """No os.remove runs for an evicted block: the native batch raises an audit event of its
+    own first, with every path it may remove (as os.remove raises "os.remove")."""
+    ns = tmp_path / "ns" / "rank-0"
+    ns.mkdir(parents=True)
+    names = [f"{i:072x}.kvb" for i in range(3)]
+    for name in names:
+        (ns / name).write_bytes(b"x" * 100)
+    proc = subprocess.run(
+        [sys.executable, "-c", AUDITED_EVICTION, str(tmp_path), "veto" if veto else "allow"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    ((paths, root, all_there_before),) = report["seen"]
+    assert sorted(Path(p).name for p in paths) == names and root == str(tmp_path)
+    assert all_there_before
+    if veto:
+        assert report["refused"] == "vetoed by an audit hook"
+        assert sorted(p.name for p in ns.iterdir()) == names
+    else:
+        assert report["removed"] == 3 and list(ns.iterdir()) == []
+
+
 @pytest.mark.parametrize("workers", [1, 4])
 def test_an_unlink_error_stops_eviction_after_reporting_what_it_removed(tmp_path, workers):
     """EROFS (a read-only bind mount over part of the root) stops the pass: every file it

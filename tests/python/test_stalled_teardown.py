@@ -553,3 +553,78 @@ def test_gpu_storage_transfer_drain_returns_with_more_jobs_queued_than_workers_c
     guarded(transfer.shutdown, "shutdown")
     for i in range(5):
         assert (kv[0][20 + i] == 20 + i).all(), f"block {20 + i} written after its load failed"
+
+
+@pytest.mark.parametrize("call", ["unlink_unchanged_files", "paths_exist", "tmp_file_writer"])
+def test_a_storage_call_that_returns_while_the_interpreter_exits_does_not_abort_it(
+    stallfs: StallFS, call: str
+) -> None:
+    """A daemon thread in one of the core's storage calls (eviction's unlinks, lookups'
+    checks, the sweep's lock test) stuck on the frozen mount, which answers only once the
+    interpreter is finalizing (a module global's __del__ asks for the thaw and waits). Taking
+    the GIL back then made CPython end the thread with a forced unwind through a noexcept
+    destructor: std::terminate, an abort at exit (rc -6, "terminate called ...")."""
+    target = stallfs.mountpoint / "ns" / "rank-0" / f"{1:072x}.kvb"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"x" * 100)
+    mtime = divmod(target.stat().st_mtime_ns, 10**9)
+    calls = {
+        "unlink_unchanged_files": f"_core.unlink_unchanged_files([{str(target)!r}], "
+        f"[{mtime!r}], {str(stallfs.mountpoint)!r})",
+        "paths_exist": f"_core.paths_exist([{str(target)!r}], {str(stallfs.mountpoint)!r})",
+        "tmp_file_writer": f"_core.tmp_file_writer({str(target)!r})",
+    }
+    script = textwrap.dedent(
+        f"""
+        import os, sys, threading, time, types
+        from kvtier import _core
+
+        started = threading.Event()
+
+        def stuck():
+            started.set()
+            {calls[call]}
+
+        class LastWords:
+            # Runs while the interpreter clears sys.modules (finalizing already), when globals
+            # may be None: what it uses is bound here. Held by a module of its own: __main__
+            # outlives finalization while a daemon thread's frame refers to it.
+            def __del__(self, write=os.write, sleep=time.sleep):
+                write(1, b"thaw\\n")
+                sleep(1.0)  # GIL released: the stuck thread returns meanwhile
+                write(1, b"finalized\\n")
+
+        holder = types.ModuleType("kvtier_test_last_words")
+        holder.keeper = LastWords()
+        sys.modules[holder.__name__] = holder
+        del holder
+        threading.Thread(target=stuck, daemon=True).start()
+        started.wait()
+        print("ready", flush=True)
+        sys.stdin.readline()  # the parent saw the call blocked in the mount
+        """
+    )
+    stallfs.match(".kvb")
+    stallfs.freeze("all")
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        line = guarded(child.stdout.readline, "the child's thread starting")
+        assert line == "ready\n", child.stderr.read() if child.poll() is not None else line
+        stallfs.wait_blocked()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        line = guarded(child.stdout.readline, "the child's finalization")
+        assert line == "thaw\n", child.stderr.read() if child.poll() is not None else line
+        stallfs.thaw()
+        line = guarded(child.stdout.readline, "the rest of the finalization")
+        assert line == "finalized\n", child.stderr.read() if child.poll() is not None else line
+    finally:
+        stallfs.thaw_and_reap(child, WAIT_SECONDS)
+    assert child.returncode == 0, child.stderr.read() if child.stderr else ""
