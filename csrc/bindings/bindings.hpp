@@ -40,19 +40,20 @@ class PyEngine final : public kvtier::Engine {
   py::list buffers_ = py::reinterpret_steal<py::list>(py::handle());
 };
 
-/// Releases the GIL around a call that may block in the kernel on a stalled mount, on
-/// whatever thread calls it (the tier's daemon threads: lookups' checks, eviction's unlinks).
-/// Takes it back at the end as py::gil_scoped_release does, except on a thread other than the
-/// main one once interpreter exit has begun: CPython ends such a thread with a forced unwind
-/// when it asks for the GIL, and through this noexcept destructor that is std::terminate
-/// (an abort at exit, seen with an unlink that returned after exit began). That thread parks
+/// Releases the GIL around a call into the core, on whatever thread makes it (the tier's
+/// daemon threads among them: lookups' checks, eviction's unlinks, the capacity thread's
+/// CRCs). Every release in the binding is one of these, never py::gil_scoped_release. Takes the
+/// GIL back at the end as that does, except on a thread other than the main one once
+/// interpreter exit has begun: CPython ends such a thread with a forced unwind when it asks
+/// for the GIL, and through a noexcept destructor that is std::terminate (an abort at exit,
+/// seen with an unlink on a stalled mount that returned after exit began). That thread parks
 /// instead and ends with the process (lifetime.cpp).
-class GilReleasedForStorage {
+class GilReleased {
  public:
-  GilReleasedForStorage() : state_(PyEval_SaveThread()) {}
-  ~GilReleasedForStorage() { take_back_gil(state_); }
-  GilReleasedForStorage(const GilReleasedForStorage&) = delete;
-  GilReleasedForStorage& operator=(const GilReleasedForStorage&) = delete;
+  GilReleased() : state_(PyEval_SaveThread()) {}
+  ~GilReleased() { take_back_gil(state_); }
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
 
   /// PyEval_RestoreThread(state), or parks for ever as above.
   static void take_back_gil(PyThreadState* state) noexcept;

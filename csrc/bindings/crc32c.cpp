@@ -52,7 +52,7 @@ void check_copy(const char* function, const View& dst, const View& src) {
 std::uint32_t crc32c_copy(const py::buffer& dst, const py::buffer& src, std::uint32_t crc) {
   View to(dst, /*writable=*/true), from(src);
   check_copy("crc32c_copy", to, from);
-  py::gil_scoped_release release;
+  GilReleased release;
   return kvtier::crc32c_copy(crc, to.data(), from.data(), from.size());
 }
 
@@ -81,7 +81,7 @@ std::uint32_t crc32c_copy_chunks(const py::buffer& dst, const py::buffer& src,
   }
   View to(dst, /*writable=*/true), from(src);
   check_copy("_crc32c_copy_chunks", to, from);
-  py::gil_scoped_release release;
+  GilReleased release;
   std::uint32_t combined = 0;
   for (std::size_t pass = 0; pass < passes; ++pass)
     for (std::size_t at = 0; at < from.size(); at += chunk_bytes) {
@@ -113,7 +113,7 @@ std::uint32_t crc32c_chunks(const py::buffer& data, std::size_t chunk_bytes, std
   if (chunk_bytes == 0)
     throw py::value_error("_crc32c_chunks: chunk_bytes must be at least 1, got 0");
   View view(data);
-  py::gil_scoped_release release;
+  GilReleased release;
   std::uint32_t combined = 0;
   for (std::size_t pass = 0; pass < passes; ++pass)
     for (std::size_t at = 0; at < view.size(); at += chunk_bytes) {

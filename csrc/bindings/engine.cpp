@@ -151,7 +151,7 @@ void submit_blocks(PyEngine& engine, kvtier::JobId job_id, kvtier::Direction dir
     ops[i].key = keys[i];
     ops[i].segments = layout.segments(static_cast<std::size_t>(block_ids[i]));
   }
-  std::optional<py::gil_scoped_release> release;  // see submit(): only around a CUDA call
+  std::optional<GilReleased> release;  // see submit(): only around a CUDA call
   if (layout.has_device_memory()) release.emplace();
   engine.submit(job_id, direction, std::move(ops), reinterpret_cast<void*>(cuda_stream));
 }
@@ -225,7 +225,7 @@ std::unique_ptr<PyEngine> make_engine(
       .set_load_nice(load_nice)
       .set_store_cap_linger_ms(store_cap_linger_ms)
       .set_io_timeout_s(io_timeout_s);
-  py::gil_scoped_release release;  // the O_DIRECT probe does I/O
+  GilReleased release;  // the O_DIRECT probe does I/O
   return std::make_unique<PyEngine>(std::move(c));
 }
 
@@ -267,13 +267,13 @@ void def_engine_methods(py::class_<PyEngine>& engine) {
             return done;
           },
           "max"_a = 0, "Finished jobs; never blocks.")
-      .def("drain", &kvtier::Engine::drain, py::call_guard<py::gil_scoped_release>())
+      .def("drain", &kvtier::Engine::drain, py::call_guard<GilReleased>())
       .def("drain_for", &kvtier::Engine::drain_for, "timeout_s"_a,
-           py::call_guard<py::gil_scoped_release>(),
+           py::call_guard<GilReleased>(),
            "drain() for at most timeout_s seconds; False when the time ran out first.")
-      .def("shutdown", &kvtier::Engine::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("shutdown", &kvtier::Engine::shutdown, py::call_guard<GilReleased>())
       .def("fail_unstarted", &kvtier::Engine::fail_unstarted, "directory"_a,
-           py::call_guard<py::gil_scoped_release>(),
+           py::call_guard<GilReleased>(),
            "Fail every block not yet started beneath `directory` with ETIMEDOUT (its root is "
            "degraded), without stopping; returns how many.")
       .def("stats", [](const PyEngine& e) { return stats_to_dict(e.stats()); })

@@ -51,7 +51,7 @@ bool interpreter_finalizing() noexcept {
 // ones are cancelled). Engines inherited through fork() have no workers here to stop.
 void shutdown_all_engines() {
   exit_hook_started = true;
-  py::gil_scoped_release release;
+  GilReleased release;
   EngineRegistry& r = registry();
   std::lock_guard lock(r.mutex);
   const pid_t self = ::getpid();
@@ -76,13 +76,13 @@ PyEngine::~PyEngine() {
     registry().engines.erase(this);
   }
   // A daemon thread that dropped the last reference while the interpreter exits must not
-  // wait for the GIL again (GilReleasedForStorage). The engine has stopped; the exiting
+  // wait for the GIL again (GilReleased). The engine has stopped; the exiting
   // process keeps the buffers until it is gone, so that thread parks.
-  GilReleasedForStorage::take_back_gil(state);
+  GilReleased::take_back_gil(state);
   // buffers_ goes now, with the GIL held again and no worker left to touch its memory.
 }
 
-void GilReleasedForStorage::take_back_gil(PyThreadState* state) noexcept {
+void GilReleased::take_back_gil(PyThreadState* state) noexcept {
   // Only daemon threads still run beside the main one once the exit hook has started.
   if ((exit_hook_started.load() || interpreter_finalizing()) &&
       PyThread_get_thread_ident() != main_thread_ident.load(std::memory_order_relaxed))

@@ -137,18 +137,18 @@ void register_functions(py::module_& m) {
       "crc32c",
       [](const py::buffer& data, std::uint32_t crc) {
         ContiguousBuffer bytes(data, false, "crc32c: data");
-        py::gil_scoped_release release;
+        GilReleased release;
         return kvtier::crc32c(bytes.data(), bytes.size(), crc);
       },
       "data"_a, "crc"_a = 0, "CRC32C of a contiguous buffer (continuing from crc).");
   m.def("crc32c_is_hardware", &kvtier::crc32c_is_hardware);
   m.def("probe_o_direct", &kvtier::probe_o_direct, "dir"_a,
-        py::call_guard<GilReleasedForStorage>(),
+        py::call_guard<GilReleased>(),
         "Empty string when O_DIRECT works in dir, else the reason it does not.");
   m.def(
       "paths_exist",
       [](const std::vector<std::string>& paths, const std::string& root_dir) {
-        GilReleasedForStorage released;  // a few system calls per path: slow on a shared FS
+        GilReleased released;  // a few system calls per path: slow on a shared FS
         return kvtier::regular_files_exist(root_dir, paths);
       },
       "paths"_a, "root_dir"_a = "",
@@ -169,7 +169,7 @@ void register_functions(py::module_& m) {
           throw py::error_already_set();
         kvtier::UnlinkedFiles done;
         {
-          GilReleasedForStorage released;  // the unlink threads hand the GIL over once a batch
+          GilReleased released;  // the unlink threads hand the GIL over once a batch
           done = kvtier::unlink_unchanged_files(root_dir, paths, when, dry_run);
         }
         py::object error = py::none();
@@ -250,7 +250,7 @@ void register_files(py::module_& m) {
             return "unknown";
         }
       },
-      "path"_a, py::call_guard<GilReleasedForStorage>(),
+      "path"_a, py::call_guard<GilReleased>(),
       "'alive', 'gone', 'missing' or 'unknown': whether a tmp file's writer holds its lock.");
 }
 
