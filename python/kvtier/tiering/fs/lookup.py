@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import islice
@@ -86,8 +86,11 @@ class LookupCache:
         self._root_dir = root_dir
         self._asynchronous = asynchronous
         self._cond = threading.Condition(threading.Lock())
-        # Known blocks and when they were last confirmed (time.monotonic()).
-        self._present: OrderedDict[OffloadKey, float] = OrderedDict()
+        # Known blocks and when they were last confirmed (time.monotonic()), least recently
+        # asked first. A plain dict, not an OrderedDict: the garbage collector stops tracking
+        # a dict of bytes and floats, never an OrderedDict, whose million keys every full
+        # collection of the process then walked with the GIL held.
+        self._present: dict[OffloadKey, float] = {}
         # Resolved "absent" answers, handed out once: the file may appear later.
         self._answers: dict[OffloadKey, bool] = {}
         self._pending: dict[OffloadKey, None] = {}  # insertion-ordered set
@@ -121,7 +124,7 @@ class LookupCache:
             if confirmed is not None:
                 fresh = now - confirmed < PRESENT_TTL_SECONDS
                 if fresh or (self._asynchronous and not self._closed):
-                    self._present.move_to_end(key)
+                    self._present[key] = self._present.pop(key)  # now the most recent
                     if not fresh and key not in self._pending:
                         self._pending[key] = None
                         self._cond.notify()
@@ -284,10 +287,13 @@ class LookupCache:
             self._present.clear()
 
     def _add_present(self, key: OffloadKey, now: float) -> None:
+        self._present.pop(key, None)
         self._present[key] = now
-        self._present.move_to_end(key)
         if len(self._present) > _MAX_PRESENT:
-            self._present.popitem(last=False)
+            # The oldest sixteenth at once: a dict finds its first key past every one deleted
+            # before it (until it is resized), so one at a time would cost a walk per key.
+            for old in list(islice(self._present, _MAX_PRESENT // 16)):
+                del self._present[old]
 
     def stats(self) -> dict[str, int]:
         with self._cond:
