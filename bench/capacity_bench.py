@@ -6,7 +6,7 @@
     python bench/capacity_bench.py evict   [--root DIR] [--total 1G]
     python bench/capacity_bench.py million [--root DIR] [--files 1000000] [--budget-fraction 0.5]
     python bench/capacity_bench.py submit  [--root DIR] [--budget 64M] [--jobs 4000] [--repeat 3]
-    python bench/capacity_bench.py gcpause [--root DIR] [--files 262144] [--repeat 5]
+    python bench/capacity_bench.py gcpause [--root DIR] [--files 262144] [--keys 1048576]
 
 steady:  store throughput with a full cache (every store makes room) against the same run
          without a budget, at 256 KiB and 2 MiB blocks, alternating run by run; CPU per GiB
@@ -20,7 +20,8 @@ submit:  p50/p99 of submit_store() calls (the caller's thread only) with a full 
          at most --inflight jobs in flight.
 gcpause: the full garbage collection a process pays (GIL held) while it keeps a survey's
          candidates, as a tier does between passes: makes N empty block files, surveys
-         them, then times gc.collect() with the candidates held and after they are dropped.
+         them, then times gc.collect() with the candidates held and after they are dropped,
+         then with a lookup cache of --keys known blocks.
 million: makes N small block files (sparse, 8 KiB each) with make_block_tree, then times a
          tier's constructor on that root without a ledger, the background scan until the
          ledger is complete, eviction down to the budget, and `kvtier du`.
@@ -143,6 +144,14 @@ def gc_pause(args: argparse.Namespace) -> dict:
         n = len(found.candidates)
         del found
         result = {"candidates": n, "collect_ms_held": held, "collect_ms_dropped": collect_ms()}
+    # The other thing a tier keeps that grows with the cache: its lookup cache of known blocks.
+    from kvtier.tiering.base import make_offload_key
+    from kvtier.tiering.fs.lookup import LookupCache
+
+    cache = LookupCache(lambda key: "", False, "gcpause")
+    cache.mark_present(make_offload_key(i.to_bytes(32, "big"), 0) for i in range(args.keys))
+    result.update(lookup_keys=args.keys, collect_ms_lookup_cache=collect_ms())
+    cache.close()
     print(json.dumps(result))
     return result
 
@@ -269,6 +278,7 @@ def main() -> None:
             p.add_argument("--inflight", type=int, default=64, help="store jobs in flight")
         if name == "gcpause":
             p.add_argument("--files", type=int, default=1 << 18)
+            p.add_argument("--keys", type=int, default=1 << 20, help="lookup cache keys")
             p.add_argument("--repeat", type=int, default=5)
         if name == "million":
             p.add_argument("--files", type=int, default=1_000_000)
