@@ -268,8 +268,7 @@ void def_engine_methods(py::class_<PyEngine>& engine) {
           },
           "max"_a = 0, "Finished jobs; never blocks.")
       .def("drain", &kvtier::Engine::drain, py::call_guard<GilReleased>())
-      .def("drain_for", &kvtier::Engine::drain_for, "timeout_s"_a,
-           py::call_guard<GilReleased>(),
+      .def("drain_for", &kvtier::Engine::drain_for, "timeout_s"_a, py::call_guard<GilReleased>(),
            "drain() for at most timeout_s seconds; False when the time ran out first.")
       .def("shutdown", &kvtier::Engine::shutdown, py::call_guard<GilReleased>())
       .def("fail_unstarted", &kvtier::Engine::fail_unstarted, "directory"_a,

@@ -142,8 +142,7 @@ void register_functions(py::module_& m) {
       },
       "data"_a, "crc"_a = 0, "CRC32C of a contiguous buffer (continuing from crc).");
   m.def("crc32c_is_hardware", &kvtier::crc32c_is_hardware);
-  m.def("probe_o_direct", &kvtier::probe_o_direct, "dir"_a,
-        py::call_guard<GilReleased>(),
+  m.def("probe_o_direct", &kvtier::probe_o_direct, "dir"_a, py::call_guard<GilReleased>(),
         "Empty string when O_DIRECT works in dir, else the reason it does not.");
   m.def(
       "paths_exist",
@@ -164,8 +163,8 @@ void register_functions(py::module_& m) {
           when[i] = {static_cast<time_t>(mtimes[i].first), mtimes[i].second};
         // Before anything is removed, as os.remove raises "os.remove": audit hooks see (and
         // may veto) the evictor's removals though no os.remove runs.
-        if (!dry_run && PySys_Audit("kvtier.unlink_unchanged_files", "(Os)",
-                                    py::cast(paths).ptr(), root_dir.c_str()) < 0)
+        if (!dry_run && PySys_Audit("kvtier.unlink_unchanged_files", "(Os)", py::cast(paths).ptr(),
+                                    root_dir.c_str()) < 0)
           throw py::error_already_set();
         kvtier::UnlinkedFiles done;
         {
@@ -174,8 +173,8 @@ void register_functions(py::module_& m) {
         }
         py::object error = py::none();
         if (done.error != 0) {  // e.g. "[Errno 13] Permission denied (unlink): '<path>'"
-          const std::string text = std::string(std::strerror(done.error)) + " (" +
-                                   done.operation + ")";
+          const std::string text =
+              std::string(std::strerror(done.error)) + " (" + done.operation + ")";
           error = py::module_::import("builtins")
                       .attr("OSError")(done.error, text, paths.at(done.outcomes.size()));
         }

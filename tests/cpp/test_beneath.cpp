@@ -213,25 +213,33 @@ KV_TEST(the_evictors_unlinks_remove_only_unchanged_regular_files_beneath_the_roo
     CHECK_EQ(::symlink(outside.path().c_str(), (dir / "link").c_str()), 0);
     const timespec used_then{mtime_of(dir / "d/used.kvb").tv_sec - 1, 0};  // used since
     const std::vector<std::string> paths{
-        dir / "d/a.kvb",    dir / "d/b.kvb", dir / "d/used.kvb", dir / "d/fifo.kvb",
+        dir / "d/a.kvb",    dir / "d/b.kvb",     dir / "d/used.kvb", dir / "d/fifo.kvb",
         dir / "d/gone.kvb", dir / "no/such.kvb", dir / "link/x.kvb", outside / "x.kvb"};
-    const std::vector<timespec> mtimes{
-        mtime_of(dir / "d/a.kvb"), mtime_of(dir / "d/b.kvb"), used_then,
-        mtime_of(dir / "d/fifo.kvb"), {}, {}, mtime_of(outside / "x.kvb"),
-        mtime_of(outside / "x.kvb")};
+    const std::vector<timespec> mtimes{mtime_of(dir / "d/a.kvb"),
+                                       mtime_of(dir / "d/b.kvb"),
+                                       used_then,
+                                       mtime_of(dir / "d/fifo.kvb"),
+                                       {},
+                                       {},
+                                       mtime_of(outside / "x.kvb"),
+                                       mtime_of(outside / "x.kvb")};
     const kvtier::UnlinkedFiles done =
         kvtier::unlink_unchanged_files(dir.path(), paths, mtimes, false);
     CHECK_MSG(done.error == 0, done.operation + how);
-    const std::vector<std::int64_t> expected{100, 200, kvtier::kKeptFile, kvtier::kKeptFile,
-                                             kvtier::kGoneFile, kvtier::kGoneFile,
-                                             kvtier::kKeptFile, kvtier::kKeptFile};
+    const std::vector<std::int64_t> expected{100,
+                                             200,
+                                             kvtier::kKeptFile,
+                                             kvtier::kKeptFile,
+                                             kvtier::kGoneFile,
+                                             kvtier::kGoneFile,
+                                             kvtier::kKeptFile,
+                                             kvtier::kKeptFile};
     CHECK_MSG(done.outcomes == expected, how);
     CHECK(!kvtest::file_exists(dir / "d/a.kvb") && !kvtest::file_exists(dir / "d/b.kvb"));
     CHECK(kvtest::file_exists(dir / "d/used.kvb") && kvtest::file_exists(outside / "x.kvb"));
 
-    const kvtier::UnlinkedFiles dry =
-        kvtier::unlink_unchanged_files(dir.path(), {dir / "dry.kvb"}, {mtime_of(dir / "dry.kvb")},
-                                       true);
+    const kvtier::UnlinkedFiles dry = kvtier::unlink_unchanged_files(
+        dir.path(), {dir / "dry.kvb"}, {mtime_of(dir / "dry.kvb")}, true);
     CHECK(dry.error == 0 && dry.outcomes == std::vector<std::int64_t>{400});
     CHECK(kvtest::file_exists(dir / "dry.kvb"));
     // Without a root only the last component is not followed (the Python side's lstat).

@@ -79,8 +79,10 @@ inline constexpr std::int64_t kGoneFile = -2;
 /// The evictor's system calls for a batch of block files in one call (Python calls it with the
 /// GIL released: a check, an lstat and an unlink per file each handed the GIL over): each of
 /// `paths` whose lstat shows a regular file with mtime `mtimes[i]` is unlinked, unless
-/// `dry_run`. With a non-empty `root_dir` every path is reached from it
-/// without following any symbolic link below it, as regular_files_exist() does.
+/// `dry_run`. With a non-empty `root_dir` every path is reached from it without following
+/// any symbolic link below it, as regular_files_exist() does. Throws std::invalid_argument
+/// when `mtimes` and `paths` differ in length; the file system's failures are reported in
+/// the result (UnlinkedFiles::error), never thrown.
 KVTIER_EXPORT UnlinkedFiles unlink_unchanged_files(const std::string& root_dir,
                                                    const std::vector<std::string>& paths,
                                                    const std::vector<timespec>& mtimes,
