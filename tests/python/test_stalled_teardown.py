@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hang_guard import guarded
+from hang_guard import expect_line, guarded, prompt
 from kvtier import _core
 from kvtier.tiering.base import JobMetadata, JobResult, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity.sizes import block_file_bytes
@@ -346,20 +346,14 @@ def test_interpreter_exit_returns_with_an_eviction_stuck_in_the_kernel(
         text=True,
     )
     try:
-        assert child.stdout is not None and child.stdin is not None
-        line = guarded(child.stdout.readline, "the child filling its budget")
-        assert line == "ready\n", child.stderr.read() if child.poll() is not None else line
+        expect_line(child, "ready\n", "the child filling its budget")
         # Only unlinks of block files freeze: the stores' writes and the scan go on.
         stallfs.match(".kvb")
         stallfs.freeze("meta")
-        child.stdin.write("\n")
-        child.stdin.flush()
-        line = guarded(child.stdout.readline, "the child's unlink stuck")
-        assert line == "submitted\n", child.stderr.read() if child.poll() is not None else line
-        child.stdin.write("\n")
-        child.stdin.flush()
-        line = guarded(child.stdout.readline, "interpreter exit with an unlink stuck")
-        assert line == "exit-done\n", child.stderr.read() if child.poll() is not None else line
+        prompt(child)
+        expect_line(child, "submitted\n", "the child's unlink stuck")
+        prompt(child)
+        expect_line(child, "exit-done\n", "interpreter exit with an unlink stuck")
     finally:
         stallfs.thaw_and_reap(child, WAIT_SECONDS)
     assert child.returncode == 0, child.stderr.read() if child.stderr else ""
@@ -614,17 +608,12 @@ def test_a_storage_call_that_returns_while_the_interpreter_exits_does_not_abort_
         text=True,
     )
     try:
-        assert child.stdout is not None and child.stdin is not None
-        line = guarded(child.stdout.readline, "the child's thread starting")
-        assert line == "ready\n", child.stderr.read() if child.poll() is not None else line
+        expect_line(child, "ready\n", "the child's thread starting")
         stallfs.wait_blocked()
-        child.stdin.write("\n")
-        child.stdin.flush()
-        line = guarded(child.stdout.readline, "the child's finalization")
-        assert line == "thaw\n", child.stderr.read() if child.poll() is not None else line
+        prompt(child)
+        expect_line(child, "thaw\n", "the child's finalization")
         stallfs.thaw()
-        line = guarded(child.stdout.readline, "the rest of the finalization")
-        assert line == "finalized\n", child.stderr.read() if child.poll() is not None else line
+        expect_line(child, "finalized\n", "the rest of the finalization")
     finally:
         stallfs.thaw_and_reap(child, WAIT_SECONDS)
     assert child.returncode == 0, child.stderr.read() if child.stderr else ""

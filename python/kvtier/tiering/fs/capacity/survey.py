@@ -24,8 +24,8 @@ class Candidates(Sequence[FileEntry]):
 
     The garbage collector stops tracking a tuple of strings and ints once a collection has
     seen it, but never a NamedTuple: 262,144 FileEntry objects (MAX_CANDIDATES) made every
-    full collection of the process traverse them, about 70 ms with the GIL held on a 2-vCPU
-    host, against 7 ms for the same rows as tuples (docs/PERFORMANCE.md section 24). A tier
+    full collection of the process traverse them, 222-268 ms with the GIL held on a 2-vCPU
+    host, against 11-15 ms kept as tuples (docs/PERFORMANCE.md section 24). A tier
     keeps its candidates for later passes, so they lived long enough to meet every full
     collection of the engine's process.
     """
