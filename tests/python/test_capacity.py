@@ -738,6 +738,32 @@ def test_min_free_fraction_on_a_small_tmpfs(tmp_path):
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+def test_a_store_held_by_the_free_space_floor_says_so(tmpfs_mount, monkeypatch, caplog):
+    """A volume other tenants filled below the floor: kvtier's own blocks cannot make room,
+    so the store waits its bound and is refused with the floor (not "the byte budget") as
+    the reason, and the operator gets one warning, not one per store."""
+    subprocess.run(["mount", "-o", "remount,size=8m", str(tmpfs_mount)], check=True)
+    (tmpfs_mount / "other-tenant").write_bytes(b"x" * (6 << 20))  # 2 MiB left of 8
+    monkeypatch.setattr(capacity_controller, "STORE_WAIT_SECONDS", 0.5)
+    caplog.set_level("WARNING")
+    t = Tier(tmpfs_mount, min_free_fraction=0.5)  # no max_bytes: only the floor holds it
+    try:
+        refused = [t.store(i) for i in range(3)]
+        for r in refused:
+            assert not r.success
+            assert "free space stayed below min_free_fraction 0.5" in r.error, r.error
+            assert "the floor is 4.0 MiB" in r.error, r.error
+            assert "byte budget" not in r.error, r.error
+        warnings = [m for m in caplog.messages if "free space on the volume" in m]
+        assert len(warnings) == 1, warnings
+        assert str(tmpfs_mount) in warnings[0]
+        assert t.stats()["rejected_stores"] == 3
+        (tmpfs_mount / "other-tenant").unlink()  # the tenant frees its space: stores go on
+        wait_for(lambda: t.store(10).success, "a store once the floor is met")
+    finally:
+        t.close()
+
+
 # -- shared state that nothing can corrupt (issue 18) --------------------------------------
 
 

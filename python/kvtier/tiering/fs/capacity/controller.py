@@ -74,6 +74,8 @@ WAIT_POLL_SECONDS = 0.05
 # file system must not hold shutdown()); the fs tier passes its own deadline instead, derived
 # from io_timeout_s (docs/tiers.md, "When storage stalls").
 CLOSE_WAIT_SECONDS = 5.0
+# Why a waiting store was refused when the free-space floor was not what held it.
+_BUDGET_FULL = "the byte budget is full"
 
 _instances = itertools.count()
 _registry_lock = threading.Lock()
@@ -161,6 +163,7 @@ class CapacityController:
         # the floor itself.
         self._avail: int | None = None
         self._floor_bytes = 0
+        self._floor_warned = False  # a refusal for the floor was logged, until it is met
         self._observe(os.statvfs(self.root))
         self._reconciled_at = time.monotonic()
         self._reaped_at = 0.0
@@ -341,6 +344,8 @@ class CapacityController:
             self._free_check_bytes = max(self.file_bytes, int(st.f_blocks * st.f_frsize * 0.01))
             self._floor_bytes = floor
             self._avail = None if floor <= 0 else st.f_bavail * st.f_frsize
+            if self._avail is None or self._avail >= floor:
+                self._floor_warned = False
 
     def _refusal(self, need: int, why: str, code: int = errno.ENOSPC) -> str:
         budget = self.policy.max_bytes
@@ -561,25 +566,50 @@ class CapacityController:
         self,
         overdue_only: bool = False,
         grace: float = 0.0,
-        why: str = "the byte budget is full",
+        why: str | None = None,
     ) -> None:
         """Refuse waiting stores past their deadline (plus ``grace``), and (unless
-        ``overdue_only``) every one under eviction "none" (nothing will make room for them)."""
+        ``overdue_only``) every one under eviction "none" (nothing will make room for them).
+        Without ``why``, each refusal names what held the store: the budget or the floor."""
         refused: list[tuple[_Wait, str]] = []
         now = time.monotonic() - grace
         refuse_all = self.policy.eviction == "none" and not overdue_only
+        floor_held = False
         with self._lock:
             keep: deque[_Wait] = deque()
             for w in self._waiting:
                 if refuse_all or now >= w.deadline:
                     self._release(w.paths)
                     self.rejected_stores += 1
-                    refused.append((w, self._refusal(w.need, why)))
+                    reason = why or self._held_by(w.need)
+                    floor_held = floor_held or reason != _BUDGET_FULL
+                    refused.append((w, self._refusal(w.need, reason)))
                 else:
                     keep.append(w)
             self._waiting = keep
-        for w, why in refused:
-            w.then(why)
+            # Once per episode: a volume other tenants filled is not kvtier's to fix, and a
+            # refusal per store would bury the one line that says so.
+            warn = floor_held and not self._floor_warned
+            self._floor_warned = self._floor_warned or floor_held
+        if warn and why is None:
+            logger.warning(
+                "Stores into %s are refused: %s. kvtier's own blocks cannot make up the "
+                "difference; free space on the volume or lower min_free_fraction",
+                self.root,
+                refused[0][1],
+            )
+        for w, reason in refused:
+            w.then(reason)
+
+    def _held_by(self, need: int) -> str:
+        """What kept a store of ``need`` bytes waiting (call under _lock)."""
+        if self._free_ok(need):
+            return _BUDGET_FULL
+        avail = self._avail or 0
+        return (
+            f"free space stayed below min_free_fraction {self.policy.min_free_fraction:g} "
+            f"({format_size(avail)} free, the floor is {format_size(self._floor_bytes)})"
+        )
 
     def _refuse_waiting(self, why: str, code: int = errno.ENOSPC) -> None:
         """Refuse every waiting store with ``why`` (memory only: any thread)."""
