@@ -42,21 +42,33 @@ class PyEngine final : public kvtier::Engine {
 
 /// Releases the GIL around a call into the core, on whatever thread makes it (the tier's
 /// daemon threads among them: lookups' checks, eviction's unlinks, the capacity thread's
-/// CRCs). Every release in the binding is one of these, never py::gil_scoped_release. Takes the
-/// GIL back at the end as that does, except on a thread other than the main one once
-/// interpreter exit has begun: CPython ends such a thread with a forced unwind when it asks
-/// for the GIL, and through a noexcept destructor that is std::terminate (an abort at exit,
-/// seen with an unlink on a stalled mount that returned after exit began). That thread parks
-/// instead and ends with the process (lifetime.cpp).
+/// CRCs). Every release in the binding is one of these, never py::gil_scoped_release.
+///
+/// Takes the GIL back at the end as that does, with two differences for a thread other than
+/// the main one while the interpreter exits (lifetime.cpp):
+/// - once finalization has begun it parks and ends with the process: CPython would end it
+///   with a forced unwind, which through py::gil_scoped_release's noexcept destructor is
+///   std::terminate (an abort at exit, seen with an unlink on a stalled mount that returned
+///   after exit began);
+/// - before that (atexit hooks still running, which may wait for this thread: a finalizer
+///   that closes a tier joins its capacity thread) it takes the GIL back. If finalization
+///   begins while it waits, the forced unwind passes out of this destructor (noexcept(false))
+///   and ends the thread as CPython intends; only with an exception already in flight, where
+///   that would be std::terminate, does it park from the exit hook on.
 class GilReleased {
  public:
-  GilReleased() : state_(PyEval_SaveThread()) {}
-  ~GilReleased() { take_back_gil(state_); }
+  /// ``release`` false holds the GIL throughout (a release only some calls need).
+  explicit GilReleased(bool release = true) : state_(release ? PyEval_SaveThread() : nullptr) {}
+  ~GilReleased() noexcept(false) {
+    if (state_ != nullptr) take_back_gil(state_);
+  }
   GilReleased(const GilReleased&) = delete;
   GilReleased& operator=(const GilReleased&) = delete;
 
   /// PyEval_RestoreThread(state), or parks for ever as above.
-  static void take_back_gil(PyThreadState* state) noexcept;
+  static void take_back_gil(PyThreadState* state);
+  /// The same from a destructor, which no unwind may leave: parks from the exit hook on.
+  static void take_back_gil_or_park(PyThreadState* state) noexcept;
 
  private:
   PyThreadState* state_;

@@ -151,8 +151,7 @@ void submit_blocks(PyEngine& engine, kvtier::JobId job_id, kvtier::Direction dir
     ops[i].key = keys[i];
     ops[i].segments = layout.segments(static_cast<std::size_t>(block_ids[i]));
   }
-  std::optional<GilReleased> release;  // see submit(): only around a CUDA call
-  if (layout.has_device_memory()) release.emplace();
+  GilReleased release(layout.has_device_memory());  // see submit(): only around a CUDA call
   engine.submit(job_id, direction, std::move(ops), reinterpret_cast<void*>(cuda_stream));
 }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <exception>
 #include <mutex>
 #include <unordered_map>
 
@@ -76,17 +77,35 @@ PyEngine::~PyEngine() {
     registry().engines.erase(this);
   }
   // A daemon thread that dropped the last reference while the interpreter exits must not
-  // wait for the GIL again (GilReleased). The engine has stopped; the exiting
-  // process keeps the buffers until it is gone, so that thread parks.
-  GilReleased::take_back_gil(state);
+  // wait for the GIL again (GilReleased): a destructor cannot pass CPython's forced unwind on.
+  // The engine has stopped; the exiting process keeps the buffers until it is gone, so that
+  // thread parks.
+  GilReleased::take_back_gil_or_park(state);
   // buffers_ goes now, with the GIL held again and no worker left to touch its memory.
 }
 
-void GilReleased::take_back_gil(PyThreadState* state) noexcept {
+namespace {
+
+bool on_main_thread() noexcept {
+  return PyThread_get_thread_ident() == main_thread_ident.load(std::memory_order_relaxed);
+}
+
+[[noreturn]] void park() noexcept {
+  for (;;) ::pause();
+}
+
+}  // namespace
+
+void GilReleased::take_back_gil(PyThreadState* state) {
+  if (!on_main_thread() &&
+      (interpreter_finalizing() || (exit_hook_started.load() && std::uncaught_exceptions() > 0)))
+    park();
+  PyEval_RestoreThread(state);
+}
+
+void GilReleased::take_back_gil_or_park(PyThreadState* state) noexcept {
   // Only daemon threads still run beside the main one once the exit hook has started.
-  if ((exit_hook_started.load() || interpreter_finalizing()) &&
-      PyThread_get_thread_ident() != main_thread_ident.load(std::memory_order_relaxed))
-    for (;;) ::pause();
+  if (!on_main_thread() && (exit_hook_started.load() || interpreter_finalizing())) park();
   PyEval_RestoreThread(state);
 }
 

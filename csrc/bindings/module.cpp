@@ -51,6 +51,25 @@ class ContiguousBuffer {
   Py_buffer view_{};
 };
 
+// A path as the file system takes it: bytes as they are, str (or os.PathLike) as os.fsencode
+// encodes it (surrogate escapes back to the bytes they stand for). Refused with ValueError,
+// as os functions refuse it, when it holds a NUL byte: the system call would see only the
+// part before it, another file.
+std::string fs_path(const py::handle& path) {
+  auto fspath = py::reinterpret_steal<py::object>(PyOS_FSPath(path.ptr()));
+  if (!fspath) throw py::error_already_set();
+  if (PyUnicode_Check(fspath.ptr())) {
+    fspath = py::reinterpret_steal<py::object>(PyUnicode_EncodeFSDefault(fspath.ptr()));
+    if (!fspath) throw py::error_already_set();
+  }
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(fspath.ptr(), &data, &size) < 0) throw py::error_already_set();
+  std::string bytes(data, static_cast<std::size_t>(size));
+  if (bytes.find('\0') != std::string::npos) throw py::value_error("embedded null byte");
+  return bytes;
+}
+
 void register_jobs(py::module_& m) {
   py::enum_<kvtier::Direction>(m, "Direction")
       .value("LOAD", kvtier::Direction::kLoad)
@@ -155,16 +174,22 @@ void register_functions(py::module_& m) {
       "below it (only the last component is checked without root_dir); GIL released.");
   m.def(
       "unlink_unchanged_files",
-      [](const std::vector<std::string>& paths,
-         const std::vector<std::pair<std::int64_t, long>>& mtimes, const std::string& root_dir,
-         bool dry_run) {
+      [](const py::sequence& path_objects, const std::vector<std::pair<std::int64_t, long>>& mtimes,
+         const py::object& root_object, bool dry_run) -> py::tuple {
+        // Paths as os.fsencode spells them: a scanned directory whose name is not UTF-8 (str
+        // with surrogate escapes) is still a path the evictor must reach.
+        std::vector<std::string> paths;
+        paths.reserve(py::len(path_objects));
+        for (const py::handle path : path_objects) paths.push_back(fs_path(path));
+        const std::string root_dir = fs_path(root_object);
+        if (paths.empty()) return py::make_tuple(py::list(), py::none());  // nothing to open
         std::vector<timespec> when(mtimes.size());
         for (std::size_t i = 0; i < mtimes.size(); ++i)
           when[i] = {static_cast<time_t>(mtimes[i].first), mtimes[i].second};
         // Before anything is removed, as os.remove raises "os.remove": audit hooks see (and
         // may veto) the evictor's removals though no os.remove runs.
-        if (!dry_run && PySys_Audit("kvtier.unlink_unchanged_files", "(Os)", py::cast(paths).ptr(),
-                                    root_dir.c_str()) < 0)
+        if (!dry_run && PySys_Audit("kvtier.unlink_unchanged_files", "(OO)", path_objects.ptr(),
+                                    root_object.ptr()) < 0)
           throw py::error_already_set();
         kvtier::UnlinkedFiles done;
         {
@@ -176,13 +201,17 @@ void register_functions(py::module_& m) {
           const std::string text =
               std::string(std::strerror(done.error)) + " (" + done.operation + ")";
           error = py::module_::import("builtins")
-                      .attr("OSError")(done.error, text, paths.at(done.outcomes.size()));
+                      .attr("OSError")(done.error, text,
+                                       done.root_failed
+                                           ? root_object
+                                           : py::object(path_objects[done.outcomes.size()]));
         }
         return py::make_tuple(done.outcomes, error);
       },
       "paths"_a, "mtimes"_a, "root_dir"_a = "", "dry_run"_a = false,
-      "Unlink each path that lstat shows a regular file of mtime mtimes[i], a (seconds, "
-      "nanoseconds) pair (divmod(st_mtime_ns, 10**9)); "
+      "Unlink each path (str, bytes or os.PathLike, as os functions take them) that lstat "
+      "shows a regular file of mtime mtimes[i], a (seconds, nanoseconds) pair "
+      "(divmod(st_mtime_ns, 10**9)); "
       "GIL released. Returns (outcomes, error): per path handled, the bytes freed, "
       "UNLINK_KEPT (left: not a regular file, a link, or used since) or UNLINK_GONE (nothing "
       "there); error is None or the OSError (with the path and the failed call) that stopped "

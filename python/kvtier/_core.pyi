@@ -4,6 +4,7 @@
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Final, Literal, SupportsIndex, SupportsInt, final
 
+from _typeshed import StrOrBytesPath
 from typing_extensions import Buffer
 
 _Int = SupportsInt | SupportsIndex
@@ -169,9 +170,9 @@ def _crc32c_copy_chunks(
 def probe_o_direct(dir: str) -> str: ...
 def paths_exist(paths: Sequence[str], root_dir: str = "") -> list[bool]: ...
 def unlink_unchanged_files(
-    paths: Sequence[str],
+    paths: Sequence[StrOrBytesPath],
     mtimes: Sequence[tuple[int, int]],
-    root_dir: str = "",
+    root_dir: StrOrBytesPath = "",
     dry_run: bool = False,
 ) -> tuple[list[int], OSError | None]: ...
 def buffer_address(buffer: Buffer, writable: bool = False) -> int: ...

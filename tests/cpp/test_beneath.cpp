@@ -262,6 +262,6 @@ KV_TEST(the_evictors_unlinks_stop_at_the_first_error_and_say_where) {
   const kvtier::UnlinkedFiles missing_root =
       kvtier::unlink_unchanged_files(dir / "none", {dir / "none/a.kvb"}, {timespec{}}, false);
   CHECK(missing_root.error == ENOENT && missing_root.operation == "open");
-  CHECK(missing_root.outcomes.empty());
+  CHECK(missing_root.outcomes.empty() && missing_root.root_failed);
   CHECK(kvtest::file_exists(dir / "a.kvb"));
 }

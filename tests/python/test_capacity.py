@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from block_files import block_bytes_on_disk, block_bytes_still_on_disk
+from kvtier import _core
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity import (
     CapacityController,
@@ -466,6 +467,77 @@ def test_audit_hooks_see_and_may_veto_the_evictors_removals(tmp_path, veto):
         assert sorted(p.name for p in ns.iterdir()) == names
     else:
         assert report["removed"] == 3 and list(ns.iterdir()) == []
+
+
+VETO_ONE_OF_FOUR_SLICES = """
+import json, os, sys, threading
+from concurrent.futures import ThreadPoolExecutor
+from kvtier.tiering.fs.capacity.evictor import evict
+from kvtier.tiering.fs.capacity.survey import survey
+root = sys.argv[1]
+calls, lock = [0], threading.Lock()
+def hook(event, args):
+    if event == "kvtier.unlink_unchanged_files":
+        with lock:
+            calls[0] += 1
+            if calls[0] == 2:
+                raise PermissionError("vetoed by an audit hook")
+sys.addaudithook(hook)
+reported = []
+with ThreadPoolExecutor(4) as pool:
+    try:
+        evict(survey(root, 1 << 62).candidates, 1 << 62, workers=4, pool=pool, root=root,
+              on_batch=lambda paths, nbytes: reported.extend(paths))
+        print(json.dumps({"raised": None, "reported": reported}))
+    except PermissionError as e:
+        print(json.dumps({"raised": str(e), "reported": reported}))
+"""
+
+
+def test_a_veto_on_one_thread_still_reports_what_the_others_removed(tmp_path):
+    """An audit hook refuses one of a wave's four slices: the pass stops with its error, and
+    every file the other three threads removed is reported (the ledger is told), none lost."""
+    ns = tmp_path / "ns" / "rank-0"
+    ns.mkdir(parents=True)
+    for i in range(8):
+        (ns / f"{i:072x}.kvb").write_bytes(b"x" * 100)
+    proc = subprocess.run(
+        [sys.executable, "-c", VETO_ONE_OF_FOUR_SLICES, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["raised"] == "vetoed by an audit hook"
+    left = {p.name for p in ns.iterdir()}
+    assert len(left) == 2  # the vetoed slice's two files
+    assert sorted(Path(p).name for p in report["reported"]) == sorted(
+        f"{i:072x}.kvb" for i in range(8) if f"{i:072x}.kvb" not in left
+    )
+
+
+def test_the_native_unlink_names_a_root_it_cannot_open_and_refuses_a_nul(tmp_path):
+    missing = str(tmp_path / "gone")
+    assert _core.unlink_unchanged_files([], [], missing) == ([], None)  # nothing to open
+    outcomes, error = _core.unlink_unchanged_files([missing + "/a.kvb"], [(0, 0)], missing)
+    assert outcomes == [] and error.errno == errno.ENOENT and error.filename == missing
+    with pytest.raises(ValueError, match="embedded null byte"):
+        _core.unlink_unchanged_files([str(tmp_path / "a\0b.kvb")], [(0, 0)], str(tmp_path))
+
+
+def test_blocks_below_a_directory_whose_name_is_not_utf8_are_evicted(tmp_path):
+    """A directory under the root named with bytes that are not UTF-8 (a co-tenant's, or an
+    old namespace): its paths reach the core as the file system spells them."""
+    odd = os.fsencode(tmp_path) + b"/ns-\xff/rank-0"
+    os.makedirs(odd)
+    for i in range(3):
+        with open(odd + b"/%072x.kvb" % i, "wb") as f:
+            f.write(b"x" * 100)
+    found = survey(str(tmp_path), 1 << 62)
+    done = evict(found.candidates, 1 << 62, workers=1, root=str(tmp_path))
+    assert len(done.paths) == 3 and done.bytes == 300
+    assert os.listdir(odd) == []
 
 
 @pytest.mark.parametrize("workers", [1, 4])

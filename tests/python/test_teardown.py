@@ -104,3 +104,52 @@ def test_python_threads_run_while_an_engine_is_destroyed(gated_env, tmp_path, ho
     # counted on, while the main thread was inside the destruction.
     assert state["opened_by_python"], state
     assert state["advanced_during_destruction"] > 0, state
+
+
+_EXIT_AFTER_AN_EARLIER_FINALIZER = """
+import sys, tempfile, time, weakref
+
+class Anything:
+    pass
+
+# A finalizer made before kvtier is imported (tempfile, torch and others make them): weakref's
+# atexit hook then runs after kvtier's, and the tier below is closed from it.
+keep = Anything()
+weakref.finalize(keep, lambda: None)
+
+import numpy as np
+from kvtier.tiering.fs.capacity import controller
+from kvtier.tiering.fs.manager import FileSystemTierManager
+from kvtier.tiering.spec import OffloadingSpec
+
+close = controller.CapacityController.close
+
+def reporting_close(self, *args, **kwargs):
+    close(self, *args, **kwargs)
+    print("capacity thread finished:", self._exited.is_set(), flush=True)
+
+controller.CapacityController.close = reporting_close
+buf = np.zeros((2, 4096), dtype=np.uint8)
+tier = FileSystemTierManager(
+    OffloadingSpec(model_name="org/x", dtype="float16", kv_layout="NHD"), memoryview(buf), "fs",
+    root_dir=sys.argv[1], max_bytes="1GiB", n_read_threads=1, n_write_threads=1,
+)
+assert tier._capacity.admit(1) is None  # its record now has a store to settle at close
+print("exiting", flush=True)
+"""
+
+
+def test_a_tier_closed_by_a_finalizer_after_the_exit_hook_finishes_its_capacity_thread(tmp_path):
+    """The capacity thread's last record (a CRC through the core, GIL released) is written
+    while atexit hooks still run: taking the GIL back there must not park the thread, or
+    close() waits out its deadline (11 s by default) and the record is lost."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_AFTER_AN_EARLIER_FINALIZER, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.split("\n")[:2] == ["exiting", "capacity thread finished: True"], (
+        proc.stdout + proc.stderr[-2000:]
+    )

@@ -72,6 +72,9 @@ struct UnlinkedFiles {
   /// ("lstat", "open" or "unlink") failed on; the paths before it were handled.
   int error = 0;
   std::string operation;
+  /// With `error`: true when it was root_dir itself that could not be opened (no path was
+  /// handled), rather than a directory or file on the way to paths[outcomes.size()].
+  bool root_failed = false;
 };
 inline constexpr std::int64_t kKeptFile = -1;
 inline constexpr std::int64_t kGoneFile = -2;

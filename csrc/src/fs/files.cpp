@@ -114,6 +114,7 @@ UnlinkedFiles unlink_unchanged_files(const std::string& root_dir,
     } catch (const SystemError& e) {
       done.error = e.code().value();
       done.operation = "open";
+      done.root_failed = true;
       return done;
     }
   }

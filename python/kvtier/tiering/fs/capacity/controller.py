@@ -574,7 +574,7 @@ class CapacityController:
         refused: list[tuple[_Wait, str]] = []
         now = time.monotonic() - grace
         refuse_all = self.policy.eviction == "none" and not overdue_only
-        floor_held = False
+        floor_refusal = None  # the first refusal that names the floor
         with self._lock:
             keep: deque[_Wait] = deque()
             for w in self._waiting:
@@ -582,21 +582,22 @@ class CapacityController:
                     self._release(w.paths)
                     self.rejected_stores += 1
                     reason = why or self._held_by(w.need)
-                    floor_held = floor_held or reason != _BUDGET_FULL
                     refused.append((w, self._refusal(w.need, reason)))
+                    if why is None and reason != _BUDGET_FULL and floor_refusal is None:
+                        floor_refusal = refused[-1][1]
                 else:
                     keep.append(w)
             self._waiting = keep
             # Once per episode: a volume other tenants filled is not kvtier's to fix, and a
             # refusal per store would bury the one line that says so.
-            warn = floor_held and not self._floor_warned
-            self._floor_warned = self._floor_warned or floor_held
-        if warn and why is None:
+            warn = floor_refusal is not None and not self._floor_warned
+            self._floor_warned = self._floor_warned or warn
+        if warn:
             logger.warning(
                 "Stores into %s are refused: %s. kvtier's own blocks cannot make up the "
                 "difference; free space on the volume or lower min_free_fraction",
                 self.root,
-                refused[0][1],
+                floor_refusal,
             )
         for w, reason in refused:
             w.then(reason)

@@ -120,8 +120,8 @@ def evict(
 
     With ``root``, candidates are reached from it without following any symbolic link below
     it (a link planted in the tree is never followed to a file outside). An error other than
-    a vanished file (EACCES, EIO) stops the pass: the files removed before it are reported
-    through ``on_batch``, then it is raised.
+    a vanished file (EACCES, EIO, an audit hook's veto) stops the pass: the files removed
+    before it, by every thread, are reported through ``on_batch``, then it is raised.
     """
     done = Evicted()
     tune = tuning if tuning is not None else UnlinkTuning(workers)
@@ -200,7 +200,7 @@ def _next_threads(tune: UnlinkTuning, rate: float, workers: int) -> None:
 
 def _evict_all(
     entries: Sequence[FileEntry], in_use: Callable[[str], bool], dry_run: bool, root: str
-) -> tuple[list[int | None], float, OSError | None]:
+) -> tuple[list[int | None], float, Exception | None]:
     """Outcomes of ``entries`` (bytes freed; -1 for a block kept: not a block, or used since
     the scan; None if it was gone; _UNTRIED past an error), this thread's CPU seconds for them
     and the error that stopped them, if any.
@@ -221,12 +221,16 @@ def _evict_all(
         for i, e in enumerate(entries)
         if is_block_name(os.path.basename(e.path)) and not in_use(e.path)
     ]
-    results, error = _core.unlink_unchanged_files(
-        [entries[i].path for i in todo],
-        [divmod(entries[i].mtime_ns, 10**9) for i in todo],
-        root,
-        dry_run,
-    )
+    error: Exception | None
+    try:
+        results, error = _core.unlink_unchanged_files(
+            [entries[i].path for i in todo],
+            [divmod(entries[i].mtime_ns, 10**9) for i in todo],
+            root,
+            dry_run,
+        )
+    except Exception as e:  # an audit hook's veto, a path no system call takes: none tried
+        results, error = [], e
     for i, result in zip(todo, results):
         outcomes[i] = None if result == _core.UNLINK_GONE else -1 if result < 0 else result
     for i in todo[len(results) :]:
