@@ -18,6 +18,7 @@
 // The last tests stall reads on /dev/shm on purpose.
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/sysinfo.h>
@@ -26,6 +27,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -50,6 +52,12 @@ std::atomic<int> g_pipe_read{-1};
 std::atomic<int> g_pipe_write{-1};
 std::atomic<int> g_entered{0};   // calls that stalled
 std::atomic<int> g_returned{0};  // of those, returned from the real system call
+// A rename onto a name containing "stall" first sleeps this long: a publish that is slow but
+// well inside a deadline (a third of ShmRoot's), after a write that took three.
+std::atomic<int> g_rename_delay_ms{0};
+// fstat of a file whose path contains "/stall" stalls, then fails with EIO, as a soft-mounted
+// server that stopped answering does (arm_fstat).
+std::atomic<bool> g_fstat_armed{false};
 
 bool stalled_path(int fd) {
   char link[64];
@@ -89,11 +97,19 @@ void arm_unlink() {
   g_unlink_armed.store(true);
 }
 
+// Arms the stall for fstat only (the other calls pass).
+void arm_fstat() {
+  arm();
+  g_armed.store(false);
+  g_fstat_armed.store(true);
+}
+
 // Lets every stalled call (and any later one) through. The pipe stays open: a released call
 // may still be about to read it.
 void release() {
   g_armed.store(false);
   g_unlink_armed.store(false);
+  g_fstat_armed.store(false);
   const char bytes[256] = {};
   if (::write(g_pipe_write.load(), bytes, sizeof bytes) < 0)
     throw std::runtime_error("release: write failed");
@@ -102,7 +118,7 @@ void release() {
 // Releases at scope exit, so a failing test never leaves a worker stuck for good.
 struct ReleaseAtExit {
   ~ReleaseAtExit() {
-    if (g_armed.load() || g_unlink_armed.load()) release();
+    if (g_armed.load() || g_unlink_armed.load() || g_fstat_armed.load()) release();
   }
 };
 
@@ -120,6 +136,26 @@ extern "C" ssize_t pwritev(int fd, const struct iovec* iov, int iovcnt, off_t of
   const ssize_t n = ::syscall(SYS_pwritev, fd, iov, iovcnt, static_cast<long>(offset), 0L);
   if (stalled) g_returned.fetch_add(1);
   return n;
+}
+
+extern "C" int fstat(int fd, struct stat* st) {
+  if (g_fstat_armed.load() && stalled_path(fd)) {
+    g_entered.fetch_add(1);
+    char c;
+    while (::read(g_pipe_read.load(), &c, 1) < 0 && errno == EINTR) {
+    }
+    g_returned.fetch_add(1);
+    errno = EIO;
+    return -1;
+  }
+  return static_cast<int>(::syscall(SYS_fstat, fd, st));
+}
+
+extern "C" int renameat2(int olddirfd, const char* oldpath, int newdirfd, const char* newpath,
+                         unsigned int flags) {
+  if (const int ms = g_rename_delay_ms.load(); ms > 0 && std::strstr(newpath, "stall") != nullptr)
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  return static_cast<int>(::syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags));
 }
 
 extern "C" int unlinkat(int dirfd, const char* path, int flags) {
@@ -461,9 +497,46 @@ KV_TEST(a_stuck_read_from_tmpfs_is_waited_for_never_abandoned) {
   CHECK_EQ(s.memory_fs_loads, std::uint64_t{1});
 }
 
+// The opens of a load from memory run under the deadline: one stuck there is timed out and its
+// job reported (and freed by pop_completions) while the open is still in the kernel. When it
+// returns, failing, the worker builds the block's error from the op: from its own copy
+// (OwnedPayloads::copy_ops), never from the freed job's (a heap-use-after-free that the
+// sanitizer build reports).
+KV_TEST(a_timed_out_open_of_a_load_from_memory_never_reads_the_reported_job) {
+  if (!shm_is_memory()) return;
+  ShmRoot root;
+  const std::string path = root.dir + "/stall_o";
+  const std::vector<unsigned char> bytes = kvtest::pattern(kBlock, 12);
+  kvtier::Engine engine(root.config());
+  ReleaseAtExit guard;
+  put_block(engine, 1, path, bytes);
+  std::vector<unsigned char> target(kBlock, kCanary);
+  arm_fstat();
+  engine.submit(2, kvtier::Direction::kLoad,
+                {kvtest::block(path, "k", target.data(), target.size())});
+  kvtest::wait_until([] { return g_entered.load() == 1; }, "the open's fstat stalled");
+  std::vector<kvtier::Completion> out;
+  kvtest::pop_exactly(engine, 1, out);  // timed out, reported, and the job freed
+  CHECK_EQ(out[0].block_errnos.at(0), ETIMEDOUT);
+  release();
+  kvtest::wait_until([] { return g_returned.load() == 1; }, "the stalled fstat returned");
+  kvtest::wait_until([&] { return engine.stats().abandoned_ops == 0; },
+                     "the abandoned worker to finish");
+  CHECK(all_canary(target));
+  // The engine goes on with a new worker.
+  std::vector<unsigned char> back(kBlock, 0);
+  const kvtier::Completion loaded = kvtest::load(engine, 3, path, "k", back.data(), kBlock);
+  CHECK_MSG(loaded.success, describe(loaded));
+  CHECK(back == bytes);
+}
+
 // The same for a store (docs/core.md, "Stores to memory"): its write into tmpfs runs after the
 // claim, straight from the caller's memory, so a write stuck there holds the job, which is
-// reported only after the write returned and the file was renamed into place.
+// reported only after the write returned and the file was renamed into place. The rename runs
+// under a fresh deadline: with what was left of the first (nothing, after the write), the
+// watchdog timed it out as soon as the batch went back into the kernel, reported the job while
+// the worker was still publishing from the job's op, and the job was freed under it (caught
+// by AddressSanitizer in CI as a heap-use-after-free).
 KV_TEST(a_stuck_write_to_tmpfs_is_waited_for_never_abandoned) {
   if (!shm_is_memory()) return;
   ShmRoot root;
@@ -479,6 +552,10 @@ KV_TEST(a_stuck_write_to_tmpfs_is_waited_for_never_abandoned) {
   CHECK(engine.pop_completions().empty());
   CHECK_EQ(engine.stats().io_timeouts, std::uint64_t{0});
   CHECK(!kvtest::file_exists(path));
+  g_rename_delay_ms.store(100);
+  struct NoDelayAtExit {
+    ~NoDelayAtExit() { g_rename_delay_ms.store(0); }
+  } no_delay;
   release();
   std::vector<kvtier::Completion> out;
   kvtest::pop_exactly(engine, 1, out);

@@ -402,6 +402,16 @@ bool Scheduler::next_batch(WorkerRole role, Batch& batch) {
   return true;
 }
 
+void Scheduler::reenter_kernel(Batch& batch) noexcept {
+  std::lock_guard lock(mutex_);
+  // To the list's end: no deadline in it is later than now + io_timeout (credit_pause's
+  // floor is at most that), so it stays in deadline order.
+  unlink_running(batch);
+  batch.deadline = Clock::now() + options_.io_timeout;
+  link_running(batch);
+  batch.state.store(BatchState::kInKernel, std::memory_order_release);
+}
+
 // Newest last: every batch gets the same timeout, so the list is in deadline order and the
 // watchdog only ever looks at its front.
 void Scheduler::link_running(Batch& batch) noexcept {

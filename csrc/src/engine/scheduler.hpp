@@ -75,15 +75,15 @@ struct SchedulerOptions {
 /// it is inside the kernel; one compare-and-swap decides, and whoever wins owns its outcome
 /// (the loser never touches the caller's memory or the batch's jobs again).
 enum class BatchState : int {
-  kIdle,       ///< no deadline (io_timeout_s 0), or not running
-  kCopying,    ///< copying the payload into the worker's own buffers: never timed out there
-               ///< (memory speed, bounded), so the deadline waits for kInKernel
-  kInKernel,   ///< the I/O runs on the worker's own buffers; the deadline applies
-  kClaimed,    ///< the worker won: it copies loads out and records the batch as usual; a
-               ///< load whose CRC failed in the copy out goes back to kInKernel to remove
-               ///< its file under the same deadline (worker.cpp, run_owned)
-  kTimedOut,   ///< the watchdog won: the batch's blocks failed with ETIMEDOUT and were
-               ///< reported; the worker is abandoned and exits when the kernel returns
+  kIdle,      ///< no deadline (io_timeout_s 0), or not running
+  kCopying,   ///< copying the payload into the worker's own buffers: never timed out there
+              ///< (memory speed, bounded), so the deadline waits for kInKernel
+  kInKernel,  ///< the I/O runs on the worker's own buffers; the deadline applies
+  kClaimed,   ///< the worker won: it copies loads out and records the batch as usual; a
+              ///< load whose CRC failed in the copy out goes back to kInKernel to remove
+              ///< its file, under a fresh deadline (Scheduler::reenter_kernel)
+  kTimedOut,  ///< the watchdog won: the batch's blocks failed with ETIMEDOUT and were
+              ///< reported; the worker is abandoned and exits when the kernel returns
 };
 
 /// A batch's place in drain()'s view between the moment its job left the list of incomplete
@@ -118,7 +118,8 @@ struct Batch {
   bool running_linked = false;
   void* owner = nullptr;  // the worker running it, handed to the watchdog's callback
 
-  /// The worker: the I/O on its own buffers begins (the deadline applies from now on).
+  /// The worker: the I/O on its own buffers begins (the deadline set by next_batch applies
+  /// from now on). Once claimed, the batch goes back in through Scheduler::reenter_kernel.
   void enter_kernel() noexcept { state.store(BatchState::kInKernel, std::memory_order_release); }
   /// The worker: the I/O returned. True when it won the batch; false when the watchdog timed
   /// it out first (the worker must then touch neither the jobs nor the caller's memory).
@@ -196,6 +197,12 @@ class Scheduler {
   /// and nothing is left for this worker (it then exits). Also ends `batch`'s previous
   /// publication.
   bool next_batch(WorkerRole role, Batch& batch);
+
+  /// A worker that claimed `batch` goes back into the kernel with it (the syncs and renames
+  /// of a store from memory, a corrupt file's removal): under a fresh deadline from now, as
+  /// its first kernel phase was, not what is left of that one, which the claimed phase (a
+  /// write into tmpfs, bounded by nothing but memory) may have used up.
+  void reenter_kernel(Batch& batch) noexcept;
 
   /// Records the outcome of every block of `batch` (its results, set by run_blocks) and
   /// publishes the jobs it completed, after releasing the mutex. Never throws.

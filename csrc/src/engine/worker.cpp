@@ -89,22 +89,30 @@ enum class FromMemory { kDone, kAbandoned, kNotMemory };
 // return, never before. What the deadline bounds is kept by the files: the opens (path
 // resolution, any file system) run inside the kernel phase under the deadline, and only a
 // file that holds only memory (RootMemory::holds) is read after the claim, where a read is a
-// copy out of memory.
+// copy out of memory. The opens read the worker's copies of the ops (OwnedPayloads::copy_ops):
+// once the watchdog has timed them out, the job is reported and may be freed while an open is
+// still in the kernel.
 //
 // kNotMemory: some file is elsewhere (a file system mounted below the root, swap switched
 // on, device memory to fill); the files are closed and the batch is left claimed, for the
 // arena path to put back under its deadline. kAbandoned: the watchdog timed the opens out.
-FromMemory load_from_memory(const IoContext& io, WorkerContext& worker, Batch& batch) {
+FromMemory load_from_memory(const IoContext& io, WorkerContext& worker, OwnedPayloads& owned,
+                            Batch& batch) {
   const std::size_t n = batch.size;
   for (std::size_t i = 0; i < n; ++i)
     if (!payload_in_host_memory(*batch.ops[i])) return FromMemory::kNotMemory;
+  try {
+    owned.copy_ops(batch.ops, n);  // the opens read these: the job may be gone by their return
+  } catch (const std::bad_alloc&) {
+    return FromMemory::kNotMemory;  // the arena path says ENOMEM
+  }
   OpenedLoad files[kMaxBatchBlocks];
   bool opened[kMaxBatchBlocks] = {};
   const bool root_now = io.root_memory.now();  // swap, asked once for the batch
   bool memory = true;
   batch.enter_kernel();
   for (std::size_t i = 0; i < n && memory; ++i) {
-    opened[i] = open_load(io, *batch.ops[i], files[i], batch.results[i]);
+    opened[i] = open_load(io, owned.op(i), files[i], batch.results[i]);
     memory = !opened[i] || io.root_memory.holds(files[i].fd.get(), files[i].st, root_now);
   }
   if (!batch.claim()) return FromMemory::kAbandoned;
@@ -115,7 +123,7 @@ FromMemory load_from_memory(const IoContext& io, WorkerContext& worker, Batch& b
   for (std::size_t i = 0; i < n; ++i) {
     if (!opened[i]) continue;  // its result says why (a missing block, a link, ...)
     files[i].memory_only = true;
-    batch.results[i] = read_load(io, worker, *batch.ops[i], files[i], batch.ready());
+    batch.results[i] = read_load(io, worker, owned.op(i), files[i], batch.ready());
     batch.results[i].from_memory_fs = batch.results[i].ok();
   }
   return FromMemory::kDone;
@@ -126,22 +134,30 @@ FromMemory load_from_memory(const IoContext& io, WorkerContext& worker, Batch& b
 // first. As for loads from memory, the caller's memory is read only while the worker has
 // claimed the batch, which the watchdog never times out; what touches the file system (the
 // directory, the tmp file's creation, the sync and the rename) runs under the deadline, before
-// and after. A write into tmpfs or ramfs is a copy into memory.
+// and after (after: a fresh one, for the writes may take longer than a deadline without the
+// storage being at fault). A write into tmpfs or ramfs is a copy into memory. The kernel
+// phases read the worker's copies of the ops, as loads from memory do.
 //
 // kNotMemory: some tmp file is elsewhere (a file system mounted below the root, swap switched
 // on) or a payload is device memory; the tmp files are removed and the batch is left claimed,
 // for the arena path. kAbandoned: the watchdog timed the batch out in a kernel phase.
-FromMemory store_to_memory(const IoContext& io, WorkerContext& worker, Batch& batch) {
+FromMemory store_to_memory(const IoContext& io, WorkerContext& worker, Scheduler& scheduler,
+                           OwnedPayloads& owned, Batch& batch) {
   const std::size_t n = batch.size;
   for (std::size_t i = 0; i < n; ++i)
     if (!payload_in_host_memory(*batch.ops[i])) return FromMemory::kNotMemory;
+  try {
+    owned.copy_ops(batch.ops, n);  // the kernel phases read these: the job may be gone
+  } catch (const std::bad_alloc&) {
+    return FromMemory::kNotMemory;  // the arena path says ENOMEM
+  }
   OpenedStore files[kMaxBatchBlocks];
   bool opened[kMaxBatchBlocks] = {};
   const bool root_now = io.root_memory.now();
   bool memory = true;
   batch.enter_kernel();
   for (std::size_t i = 0; i < n && memory; ++i) {
-    opened[i] = open_store(io, *batch.ops[i], files[i], batch.results[i]);
+    opened[i] = open_store(io, owned.op(i), files[i], batch.results[i]);
     memory = !opened[i] || io.root_memory.holds(files[i].file.fd.get(), files[i].st, root_now);
     files[i].memory_only = memory;
   }
@@ -160,13 +176,13 @@ FromMemory store_to_memory(const IoContext& io, WorkerContext& worker, Batch& ba
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (!opened[i]) continue;  // its result says why
-    batch.results[i] = write_store(io, worker, *batch.ops[i], files[i], batch.ready());
+    batch.results[i] = write_store(io, worker, owned.op(i), files[i], batch.ready());
     opened[i] = batch.results[i].ok();
   }
-  batch.enter_kernel();  // the syncs and renames: back under the batch's deadline
+  scheduler.reenter_kernel(batch);  // the syncs and renames: under a deadline again
   for (std::size_t i = 0; i < n; ++i) {
     if (!opened[i]) continue;
-    batch.results[i] = publish_store(io, *batch.ops[i], files[i]);
+    batch.results[i] = publish_store(io, owned.op(i), files[i]);
     batch.results[i].from_memory_fs = batch.results[i].ok();
   }
   return batch.claim() ? FromMemory::kDone : FromMemory::kAbandoned;
@@ -181,10 +197,11 @@ FromMemory store_to_memory(const IoContext& io, WorkerContext& worker, Batch& ba
 // in and goes into the header; a host load's is taken while it is copied out and compared
 // with the header's before the block counts as loaded. Device loads are checked in the
 // arena by the I/O engine before the copy, so only verified bytes reach device memory.
-bool run_owned(const IoContext& io, WorkerContext& worker, OwnedPayloads& owned, Batch& batch) {
+bool run_owned(const IoContext& io, WorkerContext& worker, Scheduler& scheduler,
+               OwnedPayloads& owned, Batch& batch) {
   if (io.root_memory.possible()) {
-    switch (batch.is_load ? load_from_memory(io, worker, batch)
-                          : store_to_memory(io, worker, batch)) {
+    switch (batch.is_load ? load_from_memory(io, worker, owned, batch)
+                          : store_to_memory(io, worker, scheduler, owned, batch)) {
       case FromMemory::kDone:
         return true;
       case FromMemory::kAbandoned:
@@ -256,7 +273,7 @@ bool run_owned(const IoContext& io, WorkerContext& worker, OwnedPayloads& owned,
     // its file goes. Removing it touches the file system, so the batch goes back under its
     // deadline for that (its jobs are still unreported; only the worker writes the state
     // while it has claimed the batch, and the watchdog skips claimed batches).
-    batch.enter_kernel();
+    scheduler.reenter_kernel(batch);
     for (std::size_t k = 0; k < n_run; ++k) {
       if (!mismatch[k]) continue;
       BlockResult& r = run_results[k];
@@ -311,7 +328,7 @@ WorkerExit run_worker(Scheduler& scheduler, const IoContext& io, const WorkerPla
         }
       }
     } else if (deadline) {
-      if (!run_owned(io, *worker, owned, batch)) {
+      if (!run_owned(io, *worker, scheduler, owned, batch)) {
         abandoned_blocks = batch.size;
         return WorkerExit::kAbandoned;
       }

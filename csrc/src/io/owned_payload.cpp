@@ -58,6 +58,10 @@ void OwnedPayloads::prepare(const IoContext& ctx, const BlockOp* const* ops, std
   }
 }
 
+void OwnedPayloads::copy_ops(const BlockOp* const* ops, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) ops_[i] = *ops[i];  // assignment keeps the room
+}
+
 namespace {
 
 // The caller's payload as segments (a contiguous one as a single host segment).

@@ -47,7 +47,14 @@ class OwnedPayloads {
   /// Makes the owned copies of `ops[0..n)` (n at most kMaxBatchBlocks). Throws std::bad_alloc.
   void prepare(const IoContext& ctx, const BlockOp* const* ops, std::size_t n);
 
-  /// The owned copy of block `i`: host memory, contiguous, page aligned.
+  /// Copies of `ops[0..n)` as they are, payload left where the caller has it: what a kernel
+  /// phase that may be abandoned reads of an op (its path, key and length) while the batch's
+  /// job may be reported and freed (the memory paths, worker.cpp). Reuses the strings' room
+  /// from batch to batch. Throws std::bad_alloc.
+  void copy_ops(const BlockOp* const* ops, std::size_t n);
+
+  /// The owned copy of block `i` (after prepare: host memory, contiguous, page aligned;
+  /// after copy_ops: the caller's payload).
   BlockOp& op(std::size_t i) noexcept { return ops_[i]; }
   unsigned char* payload(std::size_t i) const noexcept {
     return static_cast<unsigned char*>(ops_[i].data);
