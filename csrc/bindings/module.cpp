@@ -213,13 +213,15 @@ void register_functions(py::module_& m) {
       "shows a regular file of mtime mtimes[i], a (seconds, nanoseconds) pair "
       "(divmod(st_mtime_ns, 10**9)); "
       "GIL released. Returns (outcomes, error): per path handled, the bytes freed, "
-      "UNLINK_KEPT (left: not a regular file, a link, or used since) or UNLINK_GONE (nothing "
-      "there); error is None or the OSError (with the path and the failed call) that stopped "
+      "UNLINK_KEPT (left: not a regular file, a link, or used since), UNLINK_GONE (nothing "
+      "there) or UNLINK_DENIED (the unlink failed with EACCES or EPERM; the walk goes on); error "
+      "is None or the OSError (with the path and the failed call) that stopped "
       "the walk at paths[len(outcomes)]. With root_dir, paths are reached from it without "
       "following links below it. Unless dry_run, raises the audit event "
       "kvtier.unlink_unchanged_files with (paths, root_dir) first.");
   m.attr("UNLINK_KEPT") = kvtier::kKeptFile;
   m.attr("UNLINK_GONE") = kvtier::kGoneFile;
+  m.attr("UNLINK_DENIED") = kvtier::kDeniedFile;
   m.def(
       "buffer_address",
       [](const py::buffer& buffer, bool writable) {

@@ -22,6 +22,7 @@ MAX_KEY_SIZE: Final[int]
 TMP_FILE_PATTERN: Final[str]
 UNLINK_KEPT: Final[int]
 UNLINK_GONE: Final[int]
+UNLINK_DENIED: Final[int]
 # Every Engine keyword argument -> its default (Python spelling), from a default-constructed
 # C++ EngineConfig: the one definition of the defaults (Engine's signature takes them).
 ENGINE_DEFAULTS: Final[dict[str, Any]]

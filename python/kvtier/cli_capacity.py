@@ -291,6 +291,9 @@ def _summary(
         "dry_run": dry_run,
         "removed_files": len(done.paths),
         "removed_bytes": done.bytes,
+        # Kept: this user may not remove them (EACCES, EPERM); the first, to look at.
+        "denied_files": done.denied,
+        "first_denied": done.first_denied,
         "seconds": round(time.monotonic() - started, 3),
         "used_bytes_before": found.total_bytes,
         "used_bytes_after": found.total_bytes - done.bytes,
@@ -306,11 +309,17 @@ def _summary_line(s: dict) -> str:
         return f"kvtier gc: skipped ({s['skipped']})"
     verb = "would remove" if s["dry_run"] else "removed"
     budget = "none" if s["max_bytes"] is None else format_size(s["max_bytes"])
+    denied = (
+        f"; {s['denied_files']} files not removable by this user (EACCES or EPERM), e.g. "
+        f"{s['first_denied']}"
+        if s["denied_files"]
+        else ""
+    )
     return (
         f"kvtier gc: {verb} {s['removed_files']} files ({format_size(s['removed_bytes'])}) in "
         f"{s['seconds']:.2f} s; usage {format_size(s['used_bytes_before'])} -> "
         f"{format_size(s['used_bytes_after'])} (max_bytes {budget}, free "
-        f"{100 * s['free_fraction']:.1f}%, floor {100 * s['min_free_fraction']:.1f}%)"
+        f"{100 * s['free_fraction']:.1f}%, floor {100 * s['min_free_fraction']:.1f}%){denied}"
     )
 
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
+import struct
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,3 +52,37 @@ def block_bytes_still_on_disk(root: Path | str) -> int:
         except OSError:  # gone meanwhile (ENOENT), or ESTALE over FUSE
             pass
     return total
+
+
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_IMMUTABLE_FL = 0x80086601, 0x40086602, 0x10
+
+
+@contextlib.contextmanager
+def immutable(directory: Path) -> Iterator[None]:
+    """chattr +i on ``directory`` (nothing in it can be removed, even by root: EPERM); skips
+    where the file system has no such flag (tmpfs) or the caller lacks CAP_LINUX_IMMUTABLE."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        flags = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 4))[0]
+        try:
+            fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("i", flags | FS_IMMUTABLE_FL))
+        except OSError as e:
+            pytest.skip(f"cannot make {directory} immutable here: {e}")
+        try:
+            yield
+        finally:
+            fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("i", flags))
+    except OSError as e:
+        if e.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL):
+            pytest.skip(f"no file attributes on {directory}'s file system: {e}")
+        raise
+    finally:
+        os.close(fd)
+
+
+def planted_blocks(directory: Path, first: int, n: int, size: int, age: int) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(first, first + n):
+        path = directory / f"{i:072x}.kvb"
+        path.write_bytes(b"x" * size)
+        os.utime(path, ns=(age + i, age + i))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from block_files import block_bytes_on_disk, block_bytes_still_on_disk
+from block_files import block_bytes_on_disk, block_bytes_still_on_disk, immutable, planted_blocks
 from kvtier import _core
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity import (
@@ -515,6 +515,46 @@ def test_a_veto_on_one_thread_still_reports_what_the_others_removed(tmp_path):
     assert sorted(Path(p).name for p in report["reported"]) == sorted(
         f"{i:072x}.kvb" for i in range(8) if f"{i:072x}.kvb" not in left
     )
+
+
+def test_a_block_this_process_may_not_remove_is_kept_and_eviction_goes_on(tmp_path):
+    """EPERM (an immutable directory; another user's directory gives EACCES the same way) is
+    about that file only: it is kept and counted, the other candidates go, and no error
+    stops the pass (it once stopped every pass at the same oldest file, for ever)."""
+    theirs, mine = tmp_path / "ns" / "theirs", tmp_path / "ns" / "mine"
+    planted_blocks(theirs, 0, 4, 100, 10**18)  # the oldest
+    planted_blocks(mine, 4, 4, 100, 2 * 10**18)
+    with immutable(theirs):
+        found = survey(str(tmp_path), 1 << 62)
+        reported: list[str] = []
+        done = evict(
+            found.candidates,
+            1 << 62,
+            workers=1,
+            root=str(tmp_path),
+            on_batch=lambda paths, nbytes: reported.extend(paths),
+        )
+    assert done.denied == 4 and Path(done.first_denied).parent == theirs
+    assert len(done.paths) == 4 and done.bytes == 400 and sorted(reported) == sorted(done.paths)
+    assert len(list(theirs.iterdir())) == 4 and list(mine.iterdir()) == []
+
+
+def test_a_tier_keeps_evicting_past_blocks_it_may_not_remove_and_says_so_once(tmp_path, caplog):
+    theirs = tmp_path / "other-namespace" / "rank-0" / "00"
+    planted_blocks(theirs, 10**6, 4, FILE - 100, 10**18)  # old, and not this tier's to remove
+    caplog.set_level("WARNING")
+    with immutable(theirs):
+        t = Tier(tmp_path, max_bytes=12 * FILE, min_free_fraction=0)
+        try:
+            refused = [r.error for r in (t.store(i) for i in range(40)) if not r.success]
+            assert not refused, refused[:3]
+            wait_for(settled(t.tier), "eviction to settle")
+            assert len(list(theirs.iterdir())) == 4
+            assert t.stats()["evicted_blocks"] >= 40 - 8
+        finally:
+            t.close()
+    warnings = [m for m in caplog.messages if "may not remove" in m]
+    assert len(warnings) == 1 and str(theirs) in warnings[0], warnings
 
 
 def test_the_native_unlink_names_a_root_it_cannot_open_and_refuses_a_nul(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from block_files import immutable, planted_blocks
 from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity import block_file_bytes
 from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, UsageLedger
@@ -255,3 +256,18 @@ def test_gc_help_says_90_percent():
     text = " ".join(proc.stdout.split())
     assert "above 90% of the budget" in text and "%%" not in text
     assert "--init" in text
+
+
+def test_gc_keeps_and_reports_blocks_it_may_not_remove(tree, tmp_path):
+    """The oldest blocks sit in a directory this user may not change (immutable here; another
+    user's directory is EACCES the same way): gc removes what it may and says what it kept."""
+    theirs = tree / "org_gamma" / "rank-0" / "00"
+    planted_blocks(theirs, 10**6, 3, FILE, 10**18)  # 2001: older than every tree block
+    out = tmp_path / "gc.json"
+    with immutable(theirs):
+        proc = kvtier("gc", str(tree), "--max-bytes", str(30 * FILE), "--once", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(out.read_text())
+    assert summary["denied_files"] == 3 and Path(summary["first_denied"]).parent == theirs
+    assert summary["removed_files"] > 0 and len(list(theirs.iterdir())) == 3
+    assert "3 files not removable by this user (EACCES or EPERM)" in proc.stdout

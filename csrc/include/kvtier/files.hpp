@@ -66,7 +66,9 @@ struct UnlinkedFiles {
   /// Per path, in order, for the paths handled: the size of the regular file unlinked (or, in
   /// a dry run, found unchanged); kKeptFile when the entry was left alone (not a regular file,
   /// a link on the way, not below the root, or its mtime is no longer the one listed: used
-  /// since); kGoneFile when nothing was there (another deleter was first).
+  /// since); kGoneFile when nothing was there (another deleter was first); kDeniedFile when
+  /// the unlink was refused with EACCES or EPERM (another user's directory, an immutable
+  /// file): that file only, the walk goes on.
   std::vector<std::int64_t> outcomes;
   /// 0, or the errno that stopped the walk at paths[outcomes.size()], which `operation`
   /// ("lstat", "open" or "unlink") failed on; the paths before it were handled.
@@ -78,6 +80,7 @@ struct UnlinkedFiles {
 };
 inline constexpr std::int64_t kKeptFile = -1;
 inline constexpr std::int64_t kGoneFile = -2;
+inline constexpr std::int64_t kDeniedFile = -3;
 
 /// The evictor's system calls for a batch of block files in one call (Python calls it with the
 /// GIL released: a check, an lstat and an unlink per file each handed the GIL over): each of

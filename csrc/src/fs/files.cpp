@@ -164,6 +164,10 @@ UnlinkedFiles unlink_unchanged_files(const std::string& root_dir,
       continue;
     }
     if (!dry_run && ::unlinkat(at, entry, 0) != 0) {
+      if (errno == EACCES || errno == EPERM) {  // this file's directory or flags, not the disk
+        done.outcomes.push_back(kDeniedFile);
+        continue;
+      }
       if (errno != ENOENT) {
         done.error = errno;
         done.operation = "unlink";

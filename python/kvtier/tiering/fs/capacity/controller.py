@@ -164,6 +164,7 @@ class CapacityController:
         self._avail: int | None = None
         self._floor_bytes = 0
         self._floor_warned = False  # a refusal for the floor was logged, until it is met
+        self._denied_warned = False  # eviction met a file it may not remove (logged once)
         self._observe(os.statvfs(self.root))
         self._reconciled_at = time.monotonic()
         self._reaped_at = 0.0
@@ -784,8 +785,21 @@ class CapacityController:
         )
         self._unlink_tuning = done.tuning
         self.eviction_cpu_seconds += done.unlink_cpu_seconds
-        tried = len(done.paths) + done.skipped_recent + done.vanished
+        tried = len(done.paths) + done.skipped_recent + done.vanished + done.denied
         self._candidate_bytes -= self._candidates.drop_first(tried)
+        if done.denied and not self._denied_warned:
+            # Once per instance: a file this process may not remove stays, and every later
+            # scan offers it again, so a warning per pass would repeat the same thing.
+            self._denied_warned = True
+            logger.warning(
+                "Eviction under %s may not remove %d block file(s), e.g. %s (EACCES or "
+                "EPERM: the directory is another user's, or the file is immutable); they "
+                "are kept and count against max_bytes. Every process sharing a root must be "
+                "able to write its directories (file_mode).",
+                self.root,
+                done.denied,
+                done.first_denied,
+            )
         return done.bytes
 
     def _evicted(self, paths: list[str], nbytes: int) -> None:

@@ -68,6 +68,8 @@ class UnlinkTuning:
 
 # The outcome of a candidate after the error that stopped its thread's share of a wave.
 _UNTRIED = -2
+# The outcome of a candidate whose unlink was refused (EACCES, EPERM).
+_DENIED = -3
 
 # Fewer threads are kept unless the wave rate fell below this share of the one before.
 _SLOWER = 0.8
@@ -81,6 +83,10 @@ class Evicted:
     bytes: int = 0
     skipped_recent: int = 0  # candidates used since the scan: kept
     vanished: int = 0  # candidates someone else removed first
+    # Candidates this process may not remove (EACCES, EPERM: another user's directory, an
+    # immutable file): kept, and the pass goes on; the first of them, for the operator.
+    denied: int = 0
+    first_denied: str | None = None
     unlink_cpu_seconds: float = 0.0  # CPU time of the threads that checked and unlinked
     # Where the thread count of the waves ended (see evict()): the next pass's start.
     tuning: UnlinkTuning | None = None
@@ -165,6 +171,9 @@ def evict(
                     done.vanished += 1
                 elif outcome == _UNTRIED:
                     continue
+                elif outcome == _DENIED:
+                    done.denied += 1
+                    done.first_denied = done.first_denied or entry.path
                 elif outcome < 0:
                     done.skipped_recent += 1
                 else:
@@ -202,8 +211,8 @@ def _evict_all(
     entries: Sequence[FileEntry], in_use: Callable[[str], bool], dry_run: bool, root: str
 ) -> tuple[list[int | None], float, Exception | None]:
     """Outcomes of ``entries`` (bytes freed; -1 for a block kept: not a block, or used since
-    the scan; None if it was gone; _UNTRIED past an error), this thread's CPU seconds for them
-    and the error that stopped them, if any.
+    the scan; None if it was gone; _DENIED if this process may not remove it; _UNTRIED past
+    an error), this thread's CPU seconds for them and the error that stopped them, if any.
 
     The Python checks come first; the system calls of the rest (an lstat to see that the
     mtime is still the scan's, then the unlink) are one native call with the GIL released: a
@@ -232,7 +241,10 @@ def _evict_all(
     except Exception as e:  # an audit hook's veto, a path no system call takes: none tried
         results, error = [], e
     for i, result in zip(todo, results):
-        outcomes[i] = None if result == _core.UNLINK_GONE else -1 if result < 0 else result
+        if result == _core.UNLINK_GONE:
+            outcomes[i] = None
+        else:
+            outcomes[i] = _DENIED if result == _core.UNLINK_DENIED else -1 if result < 0 else result
     for i in todo[len(results) :]:
         outcomes[i] = _UNTRIED
     return outcomes, time.thread_time() - started, error
