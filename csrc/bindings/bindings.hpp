@@ -44,31 +44,27 @@ class PyEngine final : public kvtier::Engine {
 /// daemon threads among them: lookups' checks, eviction's unlinks, the capacity thread's
 /// CRCs). Every release in the binding is one of these, never py::gil_scoped_release.
 ///
-/// Takes the GIL back at the end as that does, with two differences for a thread other than
-/// the main one while the interpreter exits (lifetime.cpp):
-/// - once finalization has begun it parks and ends with the process: CPython would end it
-///   with a forced unwind, which through py::gil_scoped_release's noexcept destructor is
-///   std::terminate (an abort at exit, seen with an unlink on a stalled mount that returned
-///   after exit began);
-/// - before that (atexit hooks still running, which may wait for this thread: a finalizer
-///   that closes a tier joins its capacity thread) it takes the GIL back. If finalization
-///   begins while it waits, the forced unwind passes out of this destructor (noexcept(false))
-///   and ends the thread as CPython intends; only with an exception already in flight, where
-///   that would be std::terminate, does it park from the exit hook on.
+/// Takes the GIL back at the end as that does, except on a thread other than the main one
+/// once the interpreter is finalizing: CPython ends such a thread with a forced unwind when it
+/// asks for the GIL, which through a noexcept destructor is std::terminate (an abort at exit,
+/// seen with an unlink on a stalled mount that returned after exit began) and through any
+/// other would run the C++ frames' cleanups (buffer releases, reference counts) without the
+/// GIL. That thread parks instead and ends with the process (lifetime.cpp), whether it saw
+/// finalization begin before it asked for the GIL or while it waited. Before finalization
+/// (atexit hooks still running, which may wait for this thread: a finalizer that closes a
+/// tier joins its capacity thread) it takes the GIL back as usual.
 class GilReleased {
  public:
   /// ``release`` false holds the GIL throughout (a release only some calls need).
   explicit GilReleased(bool release = true) : state_(release ? PyEval_SaveThread() : nullptr) {}
-  ~GilReleased() noexcept(false) {
+  ~GilReleased() {
     if (state_ != nullptr) take_back_gil(state_);
   }
   GilReleased(const GilReleased&) = delete;
   GilReleased& operator=(const GilReleased&) = delete;
 
   /// PyEval_RestoreThread(state), or parks for ever as above.
-  static void take_back_gil(PyThreadState* state);
-  /// The same from a destructor, which no unwind may leave: parks from the exit hook on.
-  static void take_back_gil_or_park(PyThreadState* state) noexcept;
+  static void take_back_gil(PyThreadState* state) noexcept;
 
  private:
   PyThreadState* state_;

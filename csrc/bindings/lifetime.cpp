@@ -4,8 +4,9 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <cxxabi.h>
+
 #include <atomic>
-#include <exception>
 #include <mutex>
 #include <unordered_map>
 
@@ -35,10 +36,8 @@ EngineRegistry& registry() {
   return *r;
 }
 
-// The interpreter's main thread, which runs its finalization (recorded at import), and
-// whether the exit hook below has started (from then on only daemon threads run beside it).
+// The interpreter's main thread, which runs its finalization (recorded at import).
 std::atomic<unsigned long> main_thread_ident{0};
-std::atomic<bool> exit_hook_started{false};
 
 bool interpreter_finalizing() noexcept {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -51,7 +50,6 @@ bool interpreter_finalizing() noexcept {
 // atexit hook: every engine of this process stops (running block operations finish, queued
 // ones are cancelled). Engines inherited through fork() have no workers here to stop.
 void shutdown_all_engines() {
-  exit_hook_started = true;
   GilReleased release;
   EngineRegistry& r = registry();
   std::lock_guard lock(r.mutex);
@@ -76,11 +74,10 @@ PyEngine::~PyEngine() {
     std::lock_guard lock(registry().mutex);
     registry().engines.erase(this);
   }
-  // A daemon thread that dropped the last reference while the interpreter exits must not
-  // wait for the GIL again (GilReleased): a destructor cannot pass CPython's forced unwind on.
-  // The engine has stopped; the exiting process keeps the buffers until it is gone, so that
-  // thread parks.
-  GilReleased::take_back_gil_or_park(state);
+  // A daemon thread that dropped the last reference while the interpreter finalizes parks
+  // (GilReleased): the engine has stopped; the exiting process keeps the buffers until it is
+  // gone.
+  GilReleased::take_back_gil(state);
   // buffers_ goes now, with the GIL held again and no worker left to touch its memory.
 }
 
@@ -96,17 +93,19 @@ bool on_main_thread() noexcept {
 
 }  // namespace
 
-void GilReleased::take_back_gil(PyThreadState* state) {
-  if (!on_main_thread() &&
-      (interpreter_finalizing() || (exit_hook_started.load() && std::uncaught_exceptions() > 0)))
+void GilReleased::take_back_gil(PyThreadState* state) noexcept {
+  if (!on_main_thread() && interpreter_finalizing()) park();
+#if defined(__GLIBCXX__)
+  try {
+    PyEval_RestoreThread(state);
+  } catch (abi::__forced_unwind&) {
+    // Finalization began while this thread waited for the GIL. Never leaving the handler is
+    // what makes catching a forced unwind legal (leaving it without a rethrow aborts).
     park();
+  }
+#else
   PyEval_RestoreThread(state);
-}
-
-void GilReleased::take_back_gil_or_park(PyThreadState* state) noexcept {
-  // Only daemon threads still run beside the main one once the exit hook has started.
-  if (!on_main_thread() && (exit_hook_started.load() || interpreter_finalizing())) park();
-  PyEval_RestoreThread(state);
+#endif
 }
 
 void register_lifetime(py::module_& m) {

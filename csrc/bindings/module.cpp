@@ -177,18 +177,24 @@ void register_functions(py::module_& m) {
       [](const py::sequence& path_objects, const std::vector<std::pair<std::int64_t, long>>& mtimes,
          const py::object& root_object, bool dry_run) -> py::tuple {
         // Paths as os.fsencode spells them: a scanned directory whose name is not UTF-8 (str
-        // with surrogate escapes) is still a path the evictor must reach.
+        // with surrogate escapes) is still a path the evictor must reach. One tuple, held
+        // throughout: a sequence may make its items on demand.
+        if (py::isinstance<py::str>(path_objects) || py::isinstance<py::bytes>(path_objects))
+          throw py::type_error("unlink_unchanged_files: paths must be a sequence of paths");
+        const auto items = py::reinterpret_steal<py::tuple>(PySequence_Tuple(path_objects.ptr()));
+        if (!items) throw py::error_already_set();
         std::vector<std::string> paths;
-        paths.reserve(py::len(path_objects));
-        for (const py::handle path : path_objects) paths.push_back(fs_path(path));
+        paths.reserve(items.size());
+        for (const py::handle path : items) paths.push_back(fs_path(path));
         const std::string root_dir = fs_path(root_object);
-        if (paths.empty()) return py::make_tuple(py::list(), py::none());  // nothing to open
+        if (paths.empty() && mtimes.empty())
+          return py::make_tuple(py::list(), py::none());  // nothing to open
         std::vector<timespec> when(mtimes.size());
         for (std::size_t i = 0; i < mtimes.size(); ++i)
           when[i] = {static_cast<time_t>(mtimes[i].first), mtimes[i].second};
         // Before anything is removed, as os.remove raises "os.remove": audit hooks see (and
         // may veto) the evictor's removals though no os.remove runs.
-        if (!dry_run && PySys_Audit("kvtier.unlink_unchanged_files", "(OO)", path_objects.ptr(),
+        if (!dry_run && PySys_Audit("kvtier.unlink_unchanged_files", "(OO)", items.ptr(),
                                     root_object.ptr()) < 0)
           throw py::error_already_set();
         kvtier::UnlinkedFiles done;
@@ -201,10 +207,9 @@ void register_functions(py::module_& m) {
           const std::string text =
               std::string(std::strerror(done.error)) + " (" + done.operation + ")";
           error = py::module_::import("builtins")
-                      .attr("OSError")(done.error, text,
-                                       done.root_failed
-                                           ? root_object
-                                           : py::object(path_objects[done.outcomes.size()]));
+                      .attr("OSError")(
+                          done.error, text,
+                          done.root_failed ? root_object : py::object(items[done.outcomes.size()]));
         }
         return py::make_tuple(done.outcomes, error);
       },

@@ -562,6 +562,10 @@ def test_the_native_unlink_names_a_root_it_cannot_open_and_refuses_a_nul(tmp_pat
     assert _core.unlink_unchanged_files([], [], missing) == ([], None)  # nothing to open
     outcomes, error = _core.unlink_unchanged_files([missing + "/a.kvb"], [(0, 0)], missing)
     assert outcomes == [] and error.errno == errno.ENOENT and error.filename == missing
+    with pytest.raises(TypeError, match="sequence of paths"):  # not one path per character
+        _core.unlink_unchanged_files(str(tmp_path / "a.kvb"), [], str(tmp_path))
+    with pytest.raises(ValueError, match="one mtime per path"):
+        _core.unlink_unchanged_files([], [(0, 0)], str(tmp_path))
     with pytest.raises(ValueError, match="embedded null byte"):
         _core.unlink_unchanged_files([str(tmp_path / "a\0b.kvb")], [(0, 0)], str(tmp_path))
 

@@ -549,15 +549,27 @@ def test_gpu_storage_transfer_drain_returns_with_more_jobs_queued_than_workers_c
         assert (kv[0][20 + i] == 20 + i).all(), f"block {20 + i} written after its load failed"
 
 
-@pytest.mark.parametrize("call", ["unlink_unchanged_files", "paths_exist", "tmp_file_writer"])
+@pytest.mark.parametrize(
+    "call,thaw",
+    [
+        ("unlink_unchanged_files", "finalizing"),
+        ("paths_exist", "finalizing"),
+        ("tmp_file_writer", "finalizing"),
+        ("unlink_unchanged_files", "atexit"),
+    ],
+)
 def test_a_storage_call_that_returns_while_the_interpreter_exits_does_not_abort_it(
-    stallfs: StallFS, call: str
+    stallfs: StallFS, call: str, thaw: str
 ) -> None:
     """A daemon thread in one of the core's storage calls (eviction's unlinks, lookups'
     checks, the sweep's lock test) stuck on the frozen mount, which answers only once the
-    interpreter is finalizing (a module global's __del__ asks for the thaw and waits). Taking
-    the GIL back then made CPython end the thread with a forced unwind through a noexcept
-    destructor: std::terminate, an abort at exit (rc -6, "terminate called ...")."""
+    interpreter exits. "finalizing": a module global's __del__ asks for the thaw and waits;
+    taking the GIL back then made CPython end the thread with a forced unwind through a
+    noexcept destructor: std::terminate, an abort at exit (rc -6, "terminate called ...").
+    "atexit": an atexit hook that runs after kvtier's asks for it and keeps the GIL until
+    the call has returned, so the thread is still waiting for the GIL when finalization
+    begins (the __del__ then lets it have it): the forced unwind comes while it waits, and
+    must not run the binding's cleanups without the GIL either (the thread parks)."""
     target = stallfs.mountpoint / "ns" / "rank-0" / f"{1:072x}.kvb"
     target.parent.mkdir(parents=True)
     target.write_bytes(b"x" * 100)
@@ -570,7 +582,18 @@ def test_a_storage_call_that_returns_while_the_interpreter_exits_does_not_abort_
     }
     script = textwrap.dedent(
         f"""
-        import os, sys, threading, time, types
+        import atexit, os, sys, threading, time, types
+
+        def hold_the_gil(write=os.write, monotonic=time.monotonic):
+            sys.setswitchinterval(1000.0)  # no hand-over to the waiting thread in this hook
+            write(1, b"thaw\\n")
+            end = monotonic() + 1.0
+            while monotonic() < end:  # the call returns meanwhile and waits for the GIL
+                pass
+
+        if {thaw!r} == "atexit":  # registered first, so it runs last, after kvtier's own
+            atexit.register(hold_the_gil)
+
         from kvtier import _core
 
         started = threading.Event()
@@ -584,8 +607,9 @@ def test_a_storage_call_that_returns_while_the_interpreter_exits_does_not_abort_
             # may be None: what it uses is bound here. Held by a module of its own: __main__
             # outlives finalization while a daemon thread's frame refers to it.
             def __del__(self, write=os.write, sleep=time.sleep):
-                write(1, b"thaw\\n")
-                sleep(1.0)  # GIL released: the stuck thread returns meanwhile
+                if {thaw!r} == "finalizing":
+                    write(1, b"thaw\\n")
+                sleep(1.0)  # GIL released: the stuck thread returns (or takes it) meanwhile
                 write(1, b"finalized\\n")
 
         holder = types.ModuleType("kvtier_test_last_words")

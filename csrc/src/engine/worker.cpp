@@ -199,6 +199,9 @@ FromMemory store_to_memory(const IoContext& io, WorkerContext& worker, Scheduler
 // arena by the I/O engine before the copy, so only verified bytes reach device memory.
 bool run_owned(const IoContext& io, WorkerContext& worker, Scheduler& scheduler,
                OwnedPayloads& owned, Batch& batch) {
+  // Whether a memory path claimed the batch after its opens and handed it over: it goes back
+  // into the kernel under a fresh deadline then, not what the opens left of the first.
+  bool claimed = false;
   if (io.root_memory.possible()) {
     switch (batch.is_load ? load_from_memory(io, worker, owned, batch)
                           : store_to_memory(io, worker, scheduler, owned, batch)) {
@@ -207,9 +210,16 @@ bool run_owned(const IoContext& io, WorkerContext& worker, Scheduler& scheduler,
       case FromMemory::kAbandoned:
         return false;
       case FromMemory::kNotMemory:
-        break;  // claimed: below, enter_kernel() puts the batch back under its deadline
+        claimed = batch.state.load(std::memory_order_relaxed) == BatchState::kClaimed;
+        break;
     }
   }
+  auto enter_kernel = [&] {
+    if (claimed)
+      scheduler.reenter_kernel(batch);
+    else
+      batch.enter_kernel();
+  };
   const std::size_t n = batch.size;
   const char* what = batch.is_load ? "load" : "store";
   try {
@@ -217,7 +227,7 @@ bool run_owned(const IoContext& io, WorkerContext& worker, Scheduler& scheduler,
   } catch (const std::bad_alloc&) {
     for (std::size_t i = 0; i < n; ++i)
       batch.results[i] = unallocated_failure(ENOMEM, what, "out of memory for the owned buffers");
-    batch.enter_kernel();
+    enter_kernel();
     return batch.claim();
   }
   const bool want_crc = io.config->checksum == Checksum::kCrc32c;
@@ -244,7 +254,7 @@ bool run_owned(const IoContext& io, WorkerContext& worker, Scheduler& scheduler,
     run_crc[n_run] = plan;
     run_ops[n_run++] = &owned.op(i);
   }
-  batch.enter_kernel();
+  enter_kernel();
   // The owned ops are host memory: the submitter's event matters only for the copy steps.
   run_blocks(io, worker, batch.is_load, run_ops, n_run, nullptr, run_results, run_crc);
   if (!batch.claim()) return false;
