@@ -279,6 +279,14 @@ def _gc_work(
         if need
         else Evicted()
     )
+    if done.denied and done.bytes < need:
+        # The candidates were picked to cover `need`, and files this user may not remove
+        # took part of them: pick again with room for those (the oldest, so picked first
+        # again), and go on past them.
+        again = survey(root, need + done.denied_bytes + (policy.max_bytes or 0) // 20)
+        more = evict(again.candidates, need - done.bytes, on_batch=batch, root=root)
+        done.paths += more.paths
+        done.bytes += more.bytes
     return _summary(root, policy, dry_run, found, done, started)
 
 

@@ -262,12 +262,17 @@ def test_gc_keeps_and_reports_blocks_it_may_not_remove(tree, tmp_path):
     """The oldest blocks sit in a directory this user may not change (immutable here; another
     user's directory is EACCES the same way): gc removes what it may and says what it kept."""
     theirs = tree / "org_gamma" / "rank-0" / "00"
-    planted_blocks(theirs, 10**6, 3, FILE, 10**18)  # 2001: older than every tree block
+    # 2001: older than every tree block, and more than the 5% of max_bytes gc picks beyond
+    # what it needs: the first pick alone could not reach the budget.
+    planted_blocks(theirs, 10**6, 6, FILE, 10**18)
     out = tmp_path / "gc.json"
     with immutable(theirs):
         proc = kvtier("gc", str(tree), "--max-bytes", str(30 * FILE), "--once", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(out.read_text())
-    assert summary["denied_files"] == 3 and Path(summary["first_denied"]).parent == theirs
-    assert summary["removed_files"] > 0 and len(list(theirs.iterdir())) == 3
-    assert "3 files not removable by this user (EACCES or EPERM)" in proc.stdout
+    assert summary["denied_files"] == 6 and Path(summary["first_denied"]).parent == theirs
+    assert len(list(theirs.iterdir())) == 6
+    assert summary["used_bytes_before"] == 46 * FILE
+    assert summary["used_bytes_after"] == (46 - summary["removed_files"]) * FILE <= 30 * FILE
+    assert len(blocks(tree)) == 46 - summary["removed_files"]
+    assert "6 files not removable by this user (EACCES or EPERM)" in proc.stdout

@@ -86,6 +86,7 @@ class Evicted:
     # Candidates this process may not remove (EACCES, EPERM: another user's directory, an
     # immutable file): kept, and the pass goes on; the first of them, for the operator.
     denied: int = 0
+    denied_bytes: int = 0
     first_denied: str | None = None
     unlink_cpu_seconds: float = 0.0  # CPU time of the threads that checked and unlinked
     # Where the thread count of the waves ended (see evict()): the next pass's start.
@@ -125,9 +126,11 @@ def evict(
     ``workers``); Evicted.tuning is where it ended.
 
     With ``root``, candidates are reached from it without following any symbolic link below
-    it (a link planted in the tree is never followed to a file outside). An error other than
-    a vanished file (EACCES, EIO, an audit hook's veto) stops the pass: the files removed
-    before it, by every thread, are reported through ``on_batch``, then it is raised.
+    it (a link planted in the tree is never followed to a file outside). A file this process
+    may not remove (EACCES, EPERM) is kept and counted in Evicted.denied; the pass goes on.
+    Any other error but a vanished file (EIO, EROFS, an audit hook's veto) stops the pass:
+    the files removed before it, by every thread, are reported through ``on_batch``, then
+    it is raised.
     """
     done = Evicted()
     tune = tuning if tuning is not None else UnlinkTuning(workers)
@@ -173,6 +176,7 @@ def evict(
                     continue
                 elif outcome == _DENIED:
                     done.denied += 1
+                    done.denied_bytes += entry.size
                     done.first_denied = done.first_denied or entry.path
                 elif outcome < 0:
                     done.skipped_recent += 1
