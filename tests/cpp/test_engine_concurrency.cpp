@@ -80,7 +80,7 @@ KV_TEST(many_consumers_each_job_exactly_once) {
           ops.push_back(block(path, "k", sinks[p * per_producer + j].data(), bytes.size()));
         } else if (j % 6 == 2) {
           ops.push_back(block(path, "k", const_cast<unsigned char*>(bytes.data()), bytes.size()));
-        }  // else a zero-block job, which completes at once: the most contention
+        }  // else a zero-block job, which completes when queued: the most contention
         engine.submit(id, d, std::move(ops));
       }
     });

@@ -89,7 +89,9 @@ class KVTIER_EXPORT Engine {
   Engine& operator=(const Engine&) = delete;
 
   /// Queues a job. Returns at once; the job is reported exactly once by pop_completions().
-  /// A job without blocks completes immediately and successfully.
+  /// A job without blocks completes successfully without any I/O: it is poppable when submit()
+  /// returns, or moments later when the submit found the scheduler busy and left the job to
+  /// the engine's intake thread (which submit never waits for); drain() waits for it.
   /// `cuda_stream` (a cudaStream_t of EngineConfig::cuda_device; nullptr = that device's
   /// legacy default stream) matters for jobs over device memory: their copies (device to
   /// staging for stores, staging to device for loads) start only after the work queued on

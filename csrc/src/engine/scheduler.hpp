@@ -155,9 +155,9 @@ class Scheduler {
   // ---- submitters (any thread) ---------------------------------------------------------------
 
   /// Queues a job whose blocks are checked and whose event (if any) is recorded. A job
-  /// without blocks completes at once. All or nothing: a submit that throws queued nothing
-  /// and leaves the id free. Throws EngineShutDownError after stop(), std::invalid_argument
-  /// for an id in flight, std::bad_alloc.
+  /// without blocks completes when it is queued (here, or by the intake thread). All or nothing: a
+  /// submit that throws queued nothing and leaves the id free. Throws EngineShutDownError after
+  /// stop(), std::invalid_argument for an id in flight, std::bad_alloc.
   ///
   /// Never waits for the thread holding the mutex (a worker preempted inside its few
   /// instructions of bookkeeping): when the mutex stays busy for kSubmitSpins tries, or jobs
