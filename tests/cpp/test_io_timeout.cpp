@@ -69,13 +69,18 @@ bool stalled_path(int fd) {
   return std::strstr(target, "/stall") != nullptr;
 }
 
-// Returns whether the call stalled (it then counts its return).
-bool maybe_stall(int fd) {
-  if (!g_armed.load() || !stalled_path(fd)) return false;
+// The stall itself: counts the call in, then blocks in read(2) until release().
+void stall_until_released() {
   g_entered.fetch_add(1);
   char c;
   while (::read(g_pipe_read.load(), &c, 1) < 0 && errno == EINTR) {
   }
+}
+
+// Returns whether the call stalled (it then counts its return).
+bool maybe_stall(int fd) {
+  if (!g_armed.load() || !stalled_path(fd)) return false;
+  stall_until_released();
   return true;
 }
 
@@ -140,10 +145,7 @@ extern "C" ssize_t pwritev(int fd, const struct iovec* iov, int iovcnt, off_t of
 
 extern "C" int fstat(int fd, struct stat* st) {
   if (g_fstat_armed.load() && stalled_path(fd)) {
-    g_entered.fetch_add(1);
-    char c;
-    while (::read(g_pipe_read.load(), &c, 1) < 0 && errno == EINTR) {
-    }
+    stall_until_released();
     g_returned.fetch_add(1);
     errno = EIO;
     return -1;
@@ -162,10 +164,7 @@ extern "C" int unlinkat(int dirfd, const char* path, int flags) {
   bool stalled = false;
   if (g_unlink_armed.load() && std::strstr(path, "stall") != nullptr) {
     stalled = true;
-    g_entered.fetch_add(1);
-    char c;
-    while (::read(g_pipe_read.load(), &c, 1) < 0 && errno == EINTR) {
-    }
+    stall_until_released();
   }
   const int r = static_cast<int>(::syscall(SYS_unlinkat, dirfd, path, flags));
   if (stalled) g_returned.fetch_add(1);
