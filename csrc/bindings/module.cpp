@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -69,6 +70,32 @@ std::string fs_path(const py::handle& path) {
   if (bytes.find('\0') != std::string::npos) throw py::value_error("embedded null byte");
   return bytes;
 }
+
+// A file time as st_mtime_ns gives it: an int of any size (a tmpfs keeps mtimes whose
+// nanoseconds overflow 64 bits, years before 1678 or after 2262).
+py::object nanoseconds(const timespec& t) {
+  constexpr std::int64_t kSafe = INT64_MAX / 1000000000 - 1;
+  if (t.tv_sec > -kSafe && t.tv_sec < kSafe)
+    return py::int_(static_cast<std::int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec);
+  return py::int_(static_cast<std::int64_t>(t.tv_sec)) * py::int_(1000000000) +
+         py::int_(static_cast<std::int64_t>(t.tv_nsec));
+}
+
+// A name or path as os functions return it: os.fsdecode of its bytes.
+py::object fs_name(const std::string& bytes) {
+  auto name = py::reinterpret_steal<py::object>(
+      PyUnicode_DecodeFSDefaultAndSize(bytes.data(), static_cast<Py_ssize_t>(bytes.size())));
+  if (!name) throw py::error_already_set();
+  return name;
+}
+
+// A RootSurvey for Python: its calls release the GIL, so threads sharing one take turns.
+struct SharedSurvey {
+  SharedSurvey(const std::string& root, std::int64_t want_bytes, std::size_t max_candidates)
+      : walk(root, want_bytes, max_candidates) {}
+  std::mutex mutex;
+  kvtier::RootSurvey walk;
+};
 
 void register_jobs(py::module_& m) {
   py::enum_<kvtier::Direction>(m, "Direction")
@@ -287,6 +314,100 @@ void register_files(py::module_& m) {
       },
       "path"_a, py::call_guard<GilReleased>(),
       "'alive', 'gone', 'missing' or 'unknown': whether a tmp file's writer holds its lock.");
+
+  // ---- what lies below a root (kvtier/root_survey.hpp) -------------------------------------
+  m.attr("BLOCK_SUFFIX") = std::string(kvtier::kBlockSuffix);
+  m.attr("STATE_DIR_NAME") = std::string(kvtier::kStateDirName);
+  py::class_<SharedSurvey>(m, "RootSurvey",
+                           "One walk over a root (kvtier/root_survey.hpp): usage per namespace "
+                           "and the least recently used blocks. Calls from several threads take "
+                           "turns.")
+      .def(
+          py::init([](const py::object& root, std::int64_t want_bytes, std::size_t max_candidates) {
+            const std::string path = fs_path(root);
+            GilReleased released;  // opens the root: may wait on a stalled mount
+            return std::make_unique<SharedSurvey>(path, want_bytes, max_candidates);
+          }),
+          "root"_a, "want_bytes"_a, "max_candidates"_a)
+      .def(
+          "advance",
+          [](SharedSurvey& shared, std::size_t max_files) {
+            bool ended = false;
+            int error = 0;
+            std::string operation, path;
+            {
+              GilReleased released;  // directory reads and an lstat per file
+              const std::lock_guard<std::mutex> turn(shared.mutex);
+              ended = shared.walk.advance(max_files);
+              error = shared.walk.error();
+              if (error != 0) {
+                operation = shared.walk.error_operation();
+                path = shared.walk.error_path();
+              }
+            }
+            if (error != 0) {  // e.g. "[Errno 5] Input/output error (readdir): '<dir>'"
+              const std::string text = std::string(std::strerror(error)) + " (" + operation + ")";
+              // OSError(errno, text, path): Python picks the errno's subclass.
+              PyErr_SetObject(PyExc_OSError, py::make_tuple(error, text, fs_name(path)).ptr());
+              throw py::error_already_set();
+            }
+            return ended;
+          },
+          "max_files"_a,
+          "Walk on until max_files more files were counted or the walk ended (True); GIL "
+          "released. Raises OSError (with the path and the failed call) for a failure that "
+          "is not a vanished or unreadable entry.")
+      .def_property_readonly(
+          "files",
+          [](SharedSurvey& shared) {
+            GilReleased released;  // never wait for the turn holding the GIL
+            const std::lock_guard<std::mutex> turn(shared.mutex);
+            return shared.walk.files();
+          },
+          "Block and block tmp files counted so far.")
+      .def(
+          "namespaces",
+          [](SharedSurvey& shared) {
+            std::vector<kvtier::NamespaceUsage> spaces;
+            {
+              GilReleased released;
+              const std::lock_guard<std::mutex> turn(shared.mutex);
+              spaces = shared.walk.namespaces();
+            }
+            py::list out;
+            for (const kvtier::NamespaceUsage& u : spaces) {
+              py::object oldest = u.blocks ? nanoseconds(u.oldest) : py::none();
+              py::object newest = u.blocks ? nanoseconds(u.newest) : py::none();
+              out.append(py::make_tuple(fs_name(u.name), u.blocks, u.block_bytes, u.tmp_files,
+                                        u.tmp_bytes, oldest, newest));
+            }
+            return out;
+          },
+          "(name, blocks, block_bytes, tmp_files, tmp_bytes, oldest_ns, newest_ns) per "
+          "namespace, in the order they were first met (oldest_ns and newest_ns None without "
+          "blocks).")
+      .def(
+          "take_candidates",
+          [](SharedSurvey& shared) {
+            std::vector<kvtier::NamespaceUsage> spaces;
+            std::vector<kvtier::SurveyCandidate> candidates;
+            {
+              GilReleased released;
+              const std::lock_guard<std::mutex> turn(shared.mutex);
+              spaces = shared.walk.namespaces();
+              candidates = shared.walk.take_candidates();
+            }
+            std::vector<py::object> names;
+            names.reserve(spaces.size());
+            for (const kvtier::NamespaceUsage& u : spaces) names.push_back(fs_name(u.name));
+            py::list out;
+            for (const kvtier::SurveyCandidate& c : candidates)
+              out.append(py::make_tuple(true, names[c.namespace_index], fs_name(c.path), c.size,
+                                        nanoseconds(c.mtime)));
+            return out;
+          },
+          "The candidates, oldest first, as (True, namespace, path, size, mtime_ns) tuples "
+          "(FileEntry's fields); moves them out.");
 }
 
 }  // namespace

@@ -20,6 +20,8 @@ FORMAT_VERSION: Final[int]
 FINGERPRINT_SIZE: Final[int]
 MAX_KEY_SIZE: Final[int]
 TMP_FILE_PATTERN: Final[str]
+BLOCK_SUFFIX: Final[str]
+STATE_DIR_NAME: Final[str]
 UNLINK_KEPT: Final[int]
 UNLINK_GONE: Final[int]
 UNLINK_DENIED: Final[int]
@@ -170,6 +172,17 @@ def _crc32c_copy_chunks(
 ) -> int: ...
 def probe_o_direct(dir: str) -> str: ...
 def paths_exist(paths: Sequence[str], root_dir: str = "") -> list[bool]: ...
+class RootSurvey:
+    """One walk over a root (kvtier/root_survey.hpp): usage per namespace and the least
+    recently used blocks."""
+
+    def __init__(self, root: StrOrBytesPath, want_bytes: int, max_candidates: int) -> None: ...
+    def advance(self, max_files: int) -> bool: ...
+    @property
+    def files(self) -> int: ...
+    def namespaces(self) -> list[tuple[str, int, int, int, int, int | None, int | None]]: ...
+    def take_candidates(self) -> list[tuple[bool, str, str, int, int]]: ...
+
 def unlink_unchanged_files(
     paths: Sequence[StrOrBytesPath],
     mtimes: Sequence[tuple[int, int]],

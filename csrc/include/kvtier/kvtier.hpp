@@ -8,5 +8,6 @@
 #include <kvtier/files.hpp>
 #include <kvtier/format.hpp>
 #include <kvtier/job.hpp>
+#include <kvtier/root_survey.hpp>
 #include <kvtier/thread_defaults.hpp>
 #include <kvtier/version.hpp>

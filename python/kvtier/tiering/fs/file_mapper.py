@@ -40,7 +40,7 @@ from kvtier.errors import ConfigurationError, StorageError
 from kvtier.tiering.spec import OffloadingSpec
 
 CONFIG_FILE_NAME = "config.json"
-BLOCK_SUFFIX = ".kvb"
+BLOCK_SUFFIX: str = _core.BLOCK_SUFFIX  # the one definition: kvtier/root_survey.hpp
 _MAX_KEY_BYTES_IN_NAME = 64
 _NAMESPACE_HASH_CHARS = 32
 _SLUG_CHARS = 48
