@@ -2,6 +2,7 @@
 """Capacity measurements (docs/PERFORMANCE.md, "Capacity"): never part of the test run.
 
     python bench/capacity_bench.py steady  [--root DIR] [--budget 256M] [--total 768M] [--repeat 3]
+                                           [--leaf-dirs]
     python bench/capacity_bench.py recency [--root DIR] [--samples 2000] [--repeat 3]
     python bench/capacity_bench.py evict   [--root DIR] [--total 1G]
     python bench/capacity_bench.py million [--root DIR] [--files 1000000] [--budget-fraction 0.5]
@@ -10,7 +11,9 @@
 
 steady:  store throughput with a full cache (every store makes room) against the same run
          without a budget, at 256 KiB and 2 MiB blocks, alternating run by run; CPU per GiB
-         evicted = thread CPU of the tier's eviction passes / GiB they evicted.
+         evicted = thread CPU of the tier's eviction passes / GiB they evicted. Each run has a
+         fresh root; --leaf-dirs gives it the 65,536 leaf directories a cache that has run a
+         while has (every walk of the root passes them).
 steady and recency are kvtier.bench.capacity, which `kvtier bench --max-bytes` runs too.
 evict:   process CPU and wall seconds per GiB to survey and evict real block files.
 recency: p50 latency of one-block loads with the tier's recency bookkeeping against the
@@ -69,7 +72,13 @@ def steady(args: argparse.Namespace) -> dict:
     rows = (256 << 10, 2 << 20)
     with scratch(args.root) as root:
         out = capacity.steady(
-            root, rows, args.budget, args.total, args.repeat, inflight=args.inflight
+            root,
+            rows,
+            args.budget,
+            args.total,
+            args.repeat,
+            inflight=args.inflight,
+            leaf_dirs=args.leaf_dirs,
         )
     for entry in out.values():
         print(json.dumps({k: v for k, v in entry.items() if k != "runs"}))
@@ -266,6 +275,12 @@ def main() -> None:
             p.add_argument("--total", type=parse_size, default=768 << 20)
             p.add_argument("--repeat", type=int, default=3)
             p.add_argument("--inflight", type=int, default=8, help="store jobs in flight")
+            p.add_argument(
+                "--leaf-dirs",
+                action="store_true",
+                help="make the namespace's 65,536 leaf directories before each run, as a "
+                "cache that has run a while has them",
+            )
         if name == "recency":
             p.add_argument("--samples", type=int, default=2000)
             p.add_argument("--repeat", type=int, default=3)

@@ -356,6 +356,59 @@ def test_one_scan_serves_later_passes_in_lru_order(tmp_path):
         tier.shutdown()
 
 
+def block_index(path: Path) -> int:
+    """The i of key(i) (i below 1000) whose block file is ``path``."""
+    names = {f"{key(i).hex()}.kvb": i for i in range(1000)}
+    return names[Path(path).name]
+
+
+def test_a_full_cache_evicts_its_own_stores_without_rescanning_the_root(tmp_path, monkeypatch):
+    """Once a scan's candidates have all been tried, the blocks the tier stored since are the
+    next ones (an lstat each). A scan walks every directory under the root: a cache that has
+    run a while has 65,536 leaf directories per namespace (0.2 s of CPU per scan on tmpfs),
+    and a small budget turns over several times a second. Ten budgets stored take the one
+    scan that starts the evictions (and the constructor's count), not one per budget, and
+    what survives is still the newest."""
+    scans = []
+    real = capacity_controller.survey
+
+    def counted(*args, **kwargs):
+        scans.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capacity_controller, "survey", counted)
+    t = Tier(tmp_path, max_bytes=16 * FILE, min_free_fraction=0)
+    try:
+        for i in range(160):
+            assert t.store(i).success
+        wait_for(settled(t.tier), "the last pass")
+        kept = sorted(block_index(p) for p in block_paths(tmp_path))
+        assert 12 <= len(kept) <= 16
+        assert kept == list(range(160 - len(kept), 160))
+        assert t.stats()["evicted_blocks"] == 160 - len(kept)
+        assert len(scans) <= 3, scans
+    finally:
+        t.close()
+
+
+def test_a_block_used_after_its_store_outlives_older_stores_among_them(tmp_path):
+    """The stores' blocks are candidates by their mtime when they are taken up: one loaded
+    (used) since its store is kept while blocks stored after it, unused, go."""
+    t = Tier(tmp_path, max_bytes=16 * FILE, min_free_fraction=0)
+    try:
+        for i in range(40):
+            assert t.store(i).success
+        wait_for(settled(t.tier), "the passes of the first stores")
+        assert t.load(30).success
+        for i in range(40, 50):
+            assert t.store(i).success
+        wait_for(settled(t.tier), "the last pass")
+        kept = {block_index(p) for p in block_paths(tmp_path)}
+        assert 30 in kept and 31 not in kept, sorted(kept)
+    finally:
+        t.close()
+
+
 def test_eviction_frees_no_more_than_needed(tmp_path):
     """However many unlink threads there are, a pass removes only the oldest blocks that
     cover what is needed: the newer ones are the recently used part of the cache."""

@@ -98,6 +98,12 @@ def _fill(tier: FileSystemTierManager, row: int, budget: int, first: int) -> Non
         time.sleep(0.05)
 
 
+def _make_leaf_dirs(rank_dir: Path) -> None:
+    for a in range(256):
+        for b in range(256):
+            (rank_dir / f"{a:02x}" / f"{b:02x}").mkdir(parents=True, exist_ok=True)
+
+
 def store_run(
     root: Path,
     row: int,
@@ -107,9 +113,12 @@ def store_run(
     *,
     inflight: int = INFLIGHT_JOBS,
     threads: tuple[int, int] = (16, 16),
+    leaf_dirs: bool = False,
 ) -> dict:
     """Store ``total`` bytes of new ``row``-byte blocks into a tier on ``root``; with a
-    ``budget``, into a cache filled to it first. Keys start at ``first``."""
+    ``budget``, into a cache filled to it first. Keys start at ``first``. With
+    ``leaf_dirs``, the namespace's 65,536 leaf directories (docs/FORMAT.md) are made first,
+    as a cache that has run a while has them: every walk of the root passes them."""
     rows = np.random.default_rng(0).integers(0, 256, (_ROWS, row), dtype=np.uint8)
     tier = FileSystemTierManager(
         SPEC,
@@ -123,6 +132,8 @@ def store_run(
         max_queued_store_jobs=max(1024, 2 * inflight),
     )
     try:
+        if leaf_dirs:
+            _make_leaf_dirs(Path(tier.file_mapper.rank_dir))
         if budget is not None:
             _fill(tier, row, budget, first)
         capacity = tier._capacity  # bench only: the CPU its eviction passes took
@@ -178,11 +189,13 @@ def steady(
     *,
     threads: tuple[int, int] = (16, 16),
     inflight: int = INFLIGHT_JOBS,
+    leaf_dirs: bool = False,
     on_run: Callable[[str], None] | None = None,
     on_done: Callable[[], None] | None = None,
 ) -> dict:
     """Full cache next to no budget, per block size, ``repeat`` pairs of runs alternating
-    (which goes first alternates too). The ratio is the median of the pairs' ratios."""
+    (which goes first alternates too). The ratio is the median of the pairs' ratios.
+    ``leaf_dirs``: as store_run, for both runs of each pair."""
     out: dict = {}
     for row in rows:
         runs: dict[str, list[dict]] = {"no_budget": [], "full_cache": []}
@@ -204,6 +217,7 @@ def steady(
                                 10**9 * (rep + 1),
                                 inflight=inflight,
                                 threads=threads,
+                                leaf_dirs=leaf_dirs,
                             )
                         )
                 finally:
