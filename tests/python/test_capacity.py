@@ -4,6 +4,7 @@ tmpfs, eviction "none", and what lookups and loads see of evictions."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import gc
 import json
@@ -28,6 +29,7 @@ from kvtier.tiering.fs.capacity import (
     parse_size,
 )
 from kvtier.tiering.fs.capacity import controller as capacity_controller
+from kvtier.tiering.fs.capacity import survey as survey_module
 from kvtier.tiering.fs.capacity.controller import DEFERRED
 from kvtier.tiering.fs.capacity.evictor import UnlinkTuning, _next_threads, evict, evictor_lock
 from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, Base, LedgerState, UsageLedger
@@ -407,6 +409,101 @@ def test_a_block_used_after_its_store_outlives_older_stores_among_them(tmp_path)
         assert 30 in kept and 31 not in kept, sorted(kept)
     finally:
         t.close()
+
+
+def newest_kept(order: list[int], root: Path) -> tuple[list[int], list[int]]:
+    """The blocks on disk, and what LRU would keep: as many of ``order`` (blocks by last
+    use, oldest first) counted from its end."""
+    kept = {block_index(p) for p in block_paths(root)}
+    return sorted(kept), sorted(order[len(order) - len(kept) :])
+
+
+def test_blocks_left_out_of_a_scan_go_before_newer_stores(tmp_path, monkeypatch):
+    """A scan keeps only the oldest survey.MAX_CANDIDATES blocks (262,144; 4 here): after
+    those, the blocks it left out are older than anything stored since, so the pass scans
+    again instead of taking the stores."""
+    monkeypatch.setattr(survey_module, "MAX_CANDIDATES", 4)
+    t = Tier(tmp_path, max_bytes=16 * FILE, min_free_fraction=0)
+    try:
+        for i in range(60):
+            assert t.store(i).success
+        wait_for(settled(t.tier), "the last pass")
+        kept, lru = newest_kept(list(range(60)), tmp_path)
+        assert kept == lru and len(kept) >= 12
+    finally:
+        t.close()
+
+
+def test_stores_beyond_the_kept_paths_are_not_skipped(tmp_path, monkeypatch):
+    """Past MAX_STORED_CANDIDATES (16,384; 8 here) stores are not remembered: the next pass
+    scans rather than evict the remembered ones, which are newer than those left out."""
+    monkeypatch.setattr(capacity_controller, "MAX_STORED_CANDIDATES", 8)
+    t = Tier(tmp_path, max_bytes=40 * FILE, min_free_fraction=0)
+    try:
+        for i in range(200):
+            assert t.store(i).success
+        wait_for(settled(t.tier), "the last pass")
+        kept, lru = newest_kept(list(range(200)), tmp_path)
+        assert kept == lru and len(kept) >= 32
+    finally:
+        t.close()
+
+
+def test_a_candidate_used_since_its_scan_is_tried_again_after_older_stores(tmp_path):
+    """A candidate loaded after the scan is kept when its turn comes, and is a candidate
+    again among the stores (by its new mtime), not spared until the next scan."""
+    t = Tier(tmp_path, max_bytes=16 * FILE, min_free_fraction=0)
+    try:
+        for i in range(20):
+            assert t.store(i).success
+        wait_for(settled(t.tier), "the passes of the first stores")
+        used = min(block_index(p) for p in block_paths(tmp_path))
+        time.sleep(0.02)  # its use is later than every store so far, earlier than the next
+        assert t.load(used).success
+        time.sleep(0.02)
+        for i in range(20, 60):
+            assert t.store(i).success
+        wait_for(settled(t.tier), "the last pass")
+        order = [i for i in range(20) if i != used] + [used] + list(range(20, 60))
+        kept, lru = newest_kept(order, tmp_path)
+        assert kept == lru and used not in kept
+    finally:
+        t.close()
+
+
+def test_two_tiers_of_one_process_on_one_root_evict_in_lru_order(tmp_path, monkeypatch):
+    """Two ranks' tiers of one process share a root: each remembers only its own stores, so
+    when the other's "added" moved since the scan, the pass scans again (here every time:
+    SCAN_SHARE lets walks take all the time) instead of evicting only its own newest."""
+    monkeypatch.setattr(capacity_controller, "SCAN_SHARE", 1e9)
+    a = Tier(tmp_path, max_bytes=24 * FILE, min_free_fraction=0)
+    b = Tier.__new__(Tier)
+    b.buf = np.zeros((2, ROW), dtype=np.uint8)
+    b.tier = FileSystemTierManager(
+        dataclasses.replace(SPEC, tp_size=2, rank=1),
+        memoryview(b.buf),
+        "fs",
+        root_dir=str(tmp_path),
+        n_read_threads=2,
+        n_write_threads=2,
+        max_bytes=24 * FILE,
+        min_free_fraction=0,
+    )
+    b.next_id = 0
+    order = []
+    try:
+        for step in range(200):
+            tier, i = (b, 500 + step) if step % 4 == 3 else (a, step)
+            assert tier.store(i).success
+            order.append(i)
+        wait_for(settled(a.tier), "a's last pass")
+        wait_for(settled(b.tier), "b's last pass")
+        names = {f"{key(i).hex()}.kvb": i for i in order}
+        kept = sorted(names[p.name] for p in block_paths(tmp_path))
+        assert kept == sorted(order[len(order) - len(kept) :]) and len(kept) >= 18
+    finally:
+        a.close()
+        b.close()
 
 
 def test_eviction_frees_no_more_than_needed(tmp_path):

@@ -59,9 +59,13 @@ STARTUP_SCAN_FILES = 4096
 CANDIDATES_SECONDS = 30.0
 # A scan keeps every block as a candidate (up to survey.MAX_CANDIDATES, the oldest).
 _ALL_BYTES = 1 << 62
-# Paths of blocks stored since the last scan kept as later candidates, at most (about 150
-# bytes each): beyond them the next scan finds the rest.
-MAX_STORED_CANDIDATES = 1 << 16
+# Paths of blocks stored (or used) since the last scan kept as later candidates, at most
+# (about 250 bytes each with the set's room): beyond them the next pass scans.
+MAX_STORED_CANDIDATES = 1 << 14
+# While other writers' blocks stored since the last scan wait for the next one, walks of the
+# root take at most this share of the time (a walk of a namespace that has all its 65,536
+# leaf directories takes about 0.2 s of CPU on tmpfs).
+SCAN_SHARE = 0.1
 # Per-instance budget chunk: at most this much, and at most 1/64 of max_bytes.
 MAX_CHUNK_BYTES = 64 << 20
 # An active instance reserves ahead what it admitted between two top-ups, at least a chunk
@@ -182,11 +186,17 @@ class CapacityController:
         # Least recently used blocks found by the last scan, oldest first, not yet tried.
         self._candidates = Candidates()
         self._candidate_bytes = 0
-        # Block paths this instance's stores finished since the last scan (an ordered set):
-        # the next candidates once the scan's run out (_refill_from_stores).
+        # Block paths this instance's stores finished since the last scan, and candidates
+        # kept because they were used since it (an ordered set): the next candidates once
+        # the scan's run out (_refill_from_stores). ``_stored_whole``: none was left out.
         self._stored: dict[str, None] = {}
+        self._stored_whole = True
         self._collect_stored = policy.eviction == "lru"
-        self._stored_after_candidates = False
+        # The last scan kept every block as a candidate; the other writers' "added" then,
+        # and how long the walk took (SCAN_SHARE).
+        self._scan_kept_all = False
+        self._others_added = 0
+        self._scan_seconds = 0.0
         self._candidates_at = 0.0
         self._pass_seconds = 0.0
         self._fruitless = False  # the last pass that needed room found nothing to evict
@@ -377,12 +387,19 @@ class CapacityController:
         with self._lock:
             self._release(paths)
             self._fruitless = False  # its files may be evicted now
-            if self._collect_stored and len(self._stored) < MAX_STORED_CANDIDATES:
-                self._stored.update(dict.fromkeys(paths))
+            if self._collect_stored:
+                self._keep_for_refill(paths)
             self._inflight -= reserved
             self._added += kept
             if self.policy.max_bytes is not None:
                 self._pool += reserved - kept
+
+    def _keep_for_refill(self, paths: Sequence[str]) -> None:
+        """Remember ``paths`` as later candidates (call under _lock)."""
+        if len(self._stored) + len(paths) > MAX_STORED_CANDIDATES:
+            self._stored_whole = False  # the refill would skip these: the next pass scans
+        else:
+            self._stored.update(dict.fromkeys(paths))
 
     def record_use(self, paths: list[str]) -> None:
         self.recency.record(paths)
@@ -781,22 +798,41 @@ class CapacityController:
         since is checked and skipped when its turn comes (evict())."""
         with self._lock:
             self._stored.clear()  # the scan sees them
+            self._stored_whole = True
+        self._scan_kept_all = False  # until this scan has kept them all
+        others = self._others_added_now()
+        started = time.monotonic()
         found = survey(self.root, _ALL_BYTES if keep_candidates else 0, self._stop)
+        self._scan_seconds = time.monotonic() - started
         self._candidates, self._candidates_at = found.candidates, time.monotonic()
         self._candidate_bytes = self._candidates.bytes
         # Blocks stored from now on are newer than every candidate of a scan that kept them
-        # all; after one that kept none, the older blocks it left out must go first.
-        self._stored_after_candidates = keep_candidates
+        # all; after one that kept none, or only the oldest MAX_CANDIDATES, the older blocks
+        # it left out must go first.
+        self._scan_kept_all = keep_candidates and len(found.candidates) == found.blocks
+        self._others_added = others
         return found
 
+    def _others_added_now(self) -> int:
+        """The other writers' "added" in the ledger as last read: it moves when they store."""
+        return sum(r.added for w, r in self._state.writers.items() if w != self._slot.id)
+
     def _refill_from_stores(self) -> bool:
-        """Make the blocks this instance stored since the last scan the candidates, least
-        recently used first (one lstat each, no walk), once that scan's candidates were all
-        tried. False when there are none: the pass then scans. Blocks other writers stored
-        meanwhile wait for that scan (at the latest CANDIDATES_SECONDS after the last)."""
+        """Make the blocks this instance stored since the last scan (and the candidates it
+        kept because they were used since) the candidates, least recently used first: an
+        lstat each, no walk. Only once that scan's candidates were all tried, when the scan
+        kept every block, and while no block is left out: the blocks of other writers stored
+        since (their "added" moved) wait for the next scan, which comes once the last walk
+        has taken no more than SCAN_SHARE of the time since. False: the pass scans."""
         with self._lock:
             paths, self._stored = list(self._stored), {}
-        if not paths or not self._stored_after_candidates or self._stop.is_set():
+            whole, self._stored_whole = self._stored_whole, True
+        if not (paths and whole and self._scan_kept_all) or self._stop.is_set():
+            return False
+        since = time.monotonic() - self._candidates_at
+        if self._others_added_now() != self._others_added and since * SCAN_SHARE >= (
+            self._scan_seconds
+        ):
             return False
         rows = []
         prefix = len(self.root) + 1
@@ -830,6 +866,9 @@ class CapacityController:
         )
         self._unlink_tuning = done.tuning
         self.eviction_cpu_seconds += done.unlink_cpu_seconds
+        if done.used_since and self._collect_stored:
+            with self._lock:  # newer now than when they were listed: tried again later
+                self._keep_for_refill(done.used_since)
         tried = len(done.paths) + done.skipped_recent + done.vanished + done.denied
         self._candidate_bytes -= self._candidates.drop_first(tried)
         if done.denied and not self._denied_warned:

@@ -82,6 +82,7 @@ class Evicted:
     paths: list[str] = field(default_factory=list)
     bytes: int = 0
     skipped_recent: int = 0  # candidates used since the scan: kept
+    used_since: list[str] = field(default_factory=list)  # their paths
     vanished: int = 0  # candidates someone else removed first
     # Candidates this process may not remove (EACCES, EPERM: another user's directory, an
     # immutable file): kept, and the pass goes on; the first of them, for the operator.
@@ -180,6 +181,7 @@ def evict(
                     done.first_denied = done.first_denied or entry.path
                 elif outcome < 0:
                     done.skipped_recent += 1
+                    done.used_since.append(entry.path)
                 else:
                     paths.append(entry.path)
                     nbytes += outcome
