@@ -32,7 +32,13 @@ from kvtier.tiering.fs.capacity import controller as capacity_controller
 from kvtier.tiering.fs.capacity import survey as survey_module
 from kvtier.tiering.fs.capacity.controller import DEFERRED
 from kvtier.tiering.fs.capacity.evictor import UnlinkTuning, _next_threads, evict, evictor_lock
-from kvtier.tiering.fs.capacity.ledger import LEDGER_FILE_NAME, Base, LedgerState, UsageLedger
+from kvtier.tiering.fs.capacity.ledger import (
+    LEDGER_FILE_NAME,
+    Base,
+    LedgerState,
+    UsageLedger,
+    WriterRecord,
+)
 from kvtier.tiering.fs.capacity.scanner import STATE_DIR_NAME, FileEntry
 from kvtier.tiering.fs.capacity.survey import survey
 from kvtier.tiering.fs.manager import FileSystemTierManager
@@ -364,6 +370,14 @@ def block_index(path: Path) -> int:
     return names[Path(path).name]
 
 
+def stored_in_turn(t: Tier, i: int) -> None:
+    """Store block i, then let the clock move: these tests expect eviction in store order,
+    and a file system with coarse timestamps (a tick of 1-10 ms) gives stores within one
+    tick the same mtime (the evictor then orders them by path)."""
+    assert t.store(i).success
+    time.sleep(0.005)
+
+
 def test_a_full_cache_evicts_its_own_stores_without_rescanning_the_root(tmp_path, monkeypatch):
     """Once a scan's candidates have all been tried, the blocks the tier stored since are the
     next ones (an lstat each). A scan walks every directory under the root: a cache that has
@@ -382,7 +396,7 @@ def test_a_full_cache_evicts_its_own_stores_without_rescanning_the_root(tmp_path
     t = Tier(tmp_path, max_bytes=16 * FILE, min_free_fraction=0)
     try:
         for i in range(160):
-            assert t.store(i).success
+            stored_in_turn(t, i)
         wait_for(settled(t.tier), "the last pass")
         kept = sorted(block_index(p) for p in block_paths(tmp_path))
         assert 12 <= len(kept) <= 16
@@ -399,11 +413,11 @@ def test_a_block_used_after_its_store_outlives_older_stores_among_them(tmp_path)
     t = Tier(tmp_path, max_bytes=16 * FILE, min_free_fraction=0)
     try:
         for i in range(40):
-            assert t.store(i).success
+            stored_in_turn(t, i)
         wait_for(settled(t.tier), "the passes of the first stores")
         assert t.load(30).success
         for i in range(40, 50):
-            assert t.store(i).success
+            stored_in_turn(t, i)
         wait_for(settled(t.tier), "the last pass")
         kept = {block_index(p) for p in block_paths(tmp_path)}
         assert 30 in kept and 31 not in kept, sorted(kept)
@@ -426,7 +440,7 @@ def test_blocks_left_out_of_a_scan_go_before_newer_stores(tmp_path, monkeypatch)
     t = Tier(tmp_path, max_bytes=16 * FILE, min_free_fraction=0)
     try:
         for i in range(60):
-            assert t.store(i).success
+            stored_in_turn(t, i)
         wait_for(settled(t.tier), "the last pass")
         kept, lru = newest_kept(list(range(60)), tmp_path)
         assert kept == lru and len(kept) >= 12
@@ -441,7 +455,7 @@ def test_stores_beyond_the_kept_paths_are_not_skipped(tmp_path, monkeypatch):
     t = Tier(tmp_path, max_bytes=40 * FILE, min_free_fraction=0)
     try:
         for i in range(200):
-            assert t.store(i).success
+            stored_in_turn(t, i)
         wait_for(settled(t.tier), "the last pass")
         kept, lru = newest_kept(list(range(200)), tmp_path)
         assert kept == lru and len(kept) >= 32
@@ -455,14 +469,14 @@ def test_a_candidate_used_since_its_scan_is_tried_again_after_older_stores(tmp_p
     t = Tier(tmp_path, max_bytes=16 * FILE, min_free_fraction=0)
     try:
         for i in range(20):
-            assert t.store(i).success
+            stored_in_turn(t, i)
         wait_for(settled(t.tier), "the passes of the first stores")
         used = min(block_index(p) for p in block_paths(tmp_path))
         time.sleep(0.02)  # its use is later than every store so far, earlier than the next
         assert t.load(used).success
         time.sleep(0.02)
         for i in range(20, 60):
-            assert t.store(i).success
+            stored_in_turn(t, i)
         wait_for(settled(t.tier), "the last pass")
         order = [i for i in range(20) if i != used] + [used] + list(range(20, 60))
         kept, lru = newest_kept(order, tmp_path)
@@ -494,7 +508,7 @@ def test_two_tiers_of_one_process_on_one_root_evict_in_lru_order(tmp_path, monke
     try:
         for step in range(200):
             tier, i = (b, 500 + step) if step % 4 == 3 else (a, step)
-            assert tier.store(i).success
+            stored_in_turn(tier, i)
             order.append(i)
         wait_for(settled(a.tier), "a's last pass")
         wait_for(settled(b.tier), "b's last pass")
@@ -504,6 +518,29 @@ def test_two_tiers_of_one_process_on_one_root_evict_in_lru_order(tmp_path, monke
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize(
+    ("then", "now", "stored"),
+    [
+        ({"b": 2, "c": 10}, {"b": 2, "c": 10}, False),
+        ({"b": 2, "c": 10}, {"b": 2, "c": 12}, True),
+        # b folded in by a reaper while c stored as much: the sum alone would not move.
+        ({"b": 2, "c": 10}, {"c": 12}, True),
+        ({"b": 2}, {"b": 2, "d": 1}, True),  # a writer that joined since and stored
+        ({"b": 2}, {"b": 2, "d": 0}, False),
+    ],
+)
+def test_other_writers_stores_since_a_scan_are_told_writer_by_writer(tmp_path, then, now, stored):
+    """The refill from a tier's own stores is refused (the pass walks the root, within
+    SCAN_SHARE) when another writer stored since the scan, whatever the others' sum does."""
+    c = CapacityController(str(tmp_path), CapacityPolicy(max_bytes=64 * FILE), ROW)
+    c.close()  # its thread would read the ledger into _state meanwhile
+    c._others_added = then
+    writers = {w: WriterRecord(added) for w, added in now.items()}
+    writers[c._slot.id] = WriterRecord(5)  # its own stores never count
+    c._state = dataclasses.replace(c._state, writers=writers)
+    assert c._others_stored_since_scan() is stored
 
 
 def test_eviction_frees_no_more_than_needed(tmp_path):

@@ -195,7 +195,7 @@ class CapacityController:
         # The last scan kept every block as a candidate; the other writers' "added" then,
         # and how long the walk took (SCAN_SHARE).
         self._scan_kept_all = False
-        self._others_added = 0
+        self._others_added: dict[str, int] = {}
         self._scan_seconds = 0.0
         self._candidates_at = 0.0
         self._pass_seconds = 0.0
@@ -813,9 +813,18 @@ class CapacityController:
         self._others_added = others
         return found
 
-    def _others_added_now(self) -> int:
+    def _others_added_now(self) -> dict[str, int]:
         """The other writers' "added" in the ledger as last read: it moves when they store."""
-        return sum(r.added for w, r in self._state.writers.items() if w != self._slot.id)
+        return {w: r.added for w, r in self._state.writers.items() if w != self._slot.id}
+
+    def _others_stored_since_scan(self) -> bool:
+        """Whether another writer's record shows stores since the last scan (within a tick:
+        records are written on their writers' ticks): one whose "added" grew, a new one with
+        any, or one gone since (folded in by a reaper: its last stores may be newer)."""
+        then, now = self._others_added, self._others_added_now()
+        return any(then.get(w, 0) < added for w, added in now.items()) or any(
+            w not in now for w in then
+        )
 
     def _refill_from_stores(self) -> bool:
         """Make the blocks this instance stored since the last scan (and the candidates it
@@ -830,16 +839,17 @@ class CapacityController:
         if not (paths and whole and self._scan_kept_all) or self._stop.is_set():
             return False
         since = time.monotonic() - self._candidates_at
-        if self._others_added_now() != self._others_added and since * SCAN_SHARE >= (
-            self._scan_seconds
-        ):
+        if self._others_stored_since_scan() and since * SCAN_SHARE >= self._scan_seconds:
             return False
         rows = []
         prefix = len(self.root) + 1
         for path in paths:
             try:
                 st = os.lstat(path)
-            except OSError:  # evicted, or never written (a failed store): not a candidate
+            except FileNotFoundError:  # evicted, or never written (a failed store)
+                continue
+            except OSError:  # unreadable now: left out, so the next pass scans
+                self._scan_kept_all = False
                 continue
             if stat.S_ISREG(st.st_mode):
                 namespace = path[prefix:].split(os.sep, 1)[0]
