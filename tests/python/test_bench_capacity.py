@@ -98,3 +98,17 @@ def test_max_bytes_adds_a_capacity_section(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     section = proc.stdout[proc.stdout.index("Capacity:") :].split("\n\nResults")[0]
     assert section.strip() in again.stdout
+
+
+def test_a_steady_run_with_leaf_dirs_stores_beside_every_leaf_directory(tmp_path: Path) -> None:
+    """`capacity_bench.py steady --leaf-dirs`: the run's namespace has its 65,536 leaf
+    directories (docs/FORMAT.md) before the first store, as a cache that has run a while."""
+    from kvtier.bench.capacity import store_run
+
+    out = store_run(tmp_path, 64 << 10, 1 << 20, None, 1, threads=(1, 1), leaf_dirs=True)
+    assert out["refused_jobs"] == 0
+    ranks = list(tmp_path.glob("*/rank-*"))
+    assert len(ranks) == 1
+    leaves = [d for d in ranks[0].glob("*/*") if d.is_dir()]
+    assert len(leaves) == 65536
+    assert sum(1 for d in leaves for _ in d.glob("*.kvb")) == 16
