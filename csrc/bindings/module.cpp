@@ -89,6 +89,13 @@ py::object fs_name(const std::string& bytes) {
   return name;
 }
 
+// OSError(errno, "<strerror> (<operation>)", path) for a failed system call the core reports
+// without throwing: Python picks the errno's subclass (FileNotFoundError, ...).
+py::object os_error(int error, const std::string& operation, const py::object& path) {
+  const std::string text = std::string(std::strerror(error)) + " (" + operation + ")";
+  return py::reinterpret_borrow<py::object>(PyExc_OSError)(error, text, path);
+}
+
 // A RootSurvey for Python: its calls release the GIL, so threads sharing one take turns.
 struct SharedSurvey {
   SharedSurvey(const std::string& root, std::int64_t want_bytes, std::size_t max_candidates)
@@ -230,14 +237,10 @@ void register_functions(py::module_& m) {
           done = kvtier::unlink_unchanged_files(root_dir, paths, when, dry_run);
         }
         py::object error = py::none();
-        if (done.error != 0) {  // e.g. "[Errno 13] Permission denied (unlink): '<path>'"
-          const std::string text =
-              std::string(std::strerror(done.error)) + " (" + done.operation + ")";
-          error = py::module_::import("builtins")
-                      .attr("OSError")(
-                          done.error, text,
-                          done.root_failed ? root_object : py::object(items[done.outcomes.size()]));
-        }
+        if (done.error != 0)  // e.g. "[Errno 13] Permission denied (unlink): '<path>'"
+          error =
+              os_error(done.error, done.operation,
+                       done.root_failed ? root_object : py::object(items[done.outcomes.size()]));
         return py::make_tuple(done.outcomes, error);
       },
       "paths"_a, "mtimes"_a, "root_dir"_a = "", "dry_run"_a = false,
@@ -346,9 +349,8 @@ void register_files(py::module_& m) {
               }
             }
             if (error != 0) {  // e.g. "[Errno 5] Input/output error (readdir): '<dir>'"
-              const std::string text = std::string(std::strerror(error)) + " (" + operation + ")";
-              // OSError(errno, text, path): Python picks the errno's subclass.
-              PyErr_SetObject(PyExc_OSError, py::make_tuple(error, text, fs_name(path)).ptr());
+              const py::object raised = os_error(error, operation, fs_name(path));
+              PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(raised.ptr())), raised.ptr());
               throw py::error_already_set();
             }
             return ended;

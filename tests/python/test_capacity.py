@@ -393,18 +393,11 @@ def test_a_full_cache_evicts_its_own_stores_without_rescanning_the_root(tmp_path
         return real(*args, **kwargs)
 
     monkeypatch.setattr(capacity_controller, "survey", counted)
-    t = Tier(tmp_path, max_bytes=16 * FILE, min_free_fraction=0)
-    try:
-        for i in range(160):
-            stored_in_turn(t, i)
-        wait_for(settled(t.tier), "the last pass")
-        kept = sorted(block_index(p) for p in block_paths(tmp_path))
-        assert 12 <= len(kept) <= 16
-        assert kept == list(range(160 - len(kept), 160))
-        assert t.stats()["evicted_blocks"] == 160 - len(kept)
-        assert len(scans) <= 3, scans
-    finally:
-        t.close()
+    kept, _, evicted = stored_past_budget(tmp_path, 16, 160)
+    assert 12 <= len(kept) <= 16
+    assert kept == list(range(160 - len(kept), 160))
+    assert evicted == 160 - len(kept)
+    assert len(scans) <= 3, scans
 
 
 def test_a_block_used_after_its_store_outlives_older_stores_among_them(tmp_path):
@@ -425,6 +418,19 @@ def test_a_block_used_after_its_store_outlives_older_stores_among_them(tmp_path)
         t.close()
 
 
+def stored_past_budget(root: Path, budget_files: int, n: int) -> tuple[list[int], list[int], int]:
+    """Blocks 0 to n-1 stored in turn into a tier whose budget holds ``budget_files``, then
+    its last pass: newest_kept's two lists, and the blocks the tier says it evicted."""
+    t = Tier(root, max_bytes=budget_files * FILE, min_free_fraction=0)
+    try:
+        for i in range(n):
+            stored_in_turn(t, i)
+        wait_for(settled(t.tier), "the last pass")
+        return (*newest_kept(list(range(n)), root), t.stats()["evicted_blocks"])
+    finally:
+        t.close()
+
+
 def newest_kept(order: list[int], root: Path) -> tuple[list[int], list[int]]:
     """The blocks on disk, and what LRU would keep: as many of ``order`` (blocks by last
     use, oldest first) counted from its end."""
@@ -437,30 +443,16 @@ def test_blocks_left_out_of_a_scan_go_before_newer_stores(tmp_path, monkeypatch)
     those, the blocks it left out are older than anything stored since, so the pass scans
     again instead of taking the stores."""
     monkeypatch.setattr(survey_module, "MAX_CANDIDATES", 4)
-    t = Tier(tmp_path, max_bytes=16 * FILE, min_free_fraction=0)
-    try:
-        for i in range(60):
-            stored_in_turn(t, i)
-        wait_for(settled(t.tier), "the last pass")
-        kept, lru = newest_kept(list(range(60)), tmp_path)
-        assert kept == lru and len(kept) >= 12
-    finally:
-        t.close()
+    kept, lru, _ = stored_past_budget(tmp_path, 16, 60)
+    assert kept == lru and len(kept) >= 12
 
 
 def test_stores_beyond_the_kept_paths_are_not_skipped(tmp_path, monkeypatch):
     """Past MAX_STORED_CANDIDATES (16,384; 8 here) stores are not remembered: the next pass
     scans rather than evict the remembered ones, which are newer than those left out."""
     monkeypatch.setattr(capacity_controller, "MAX_STORED_CANDIDATES", 8)
-    t = Tier(tmp_path, max_bytes=40 * FILE, min_free_fraction=0)
-    try:
-        for i in range(200):
-            stored_in_turn(t, i)
-        wait_for(settled(t.tier), "the last pass")
-        kept, lru = newest_kept(list(range(200)), tmp_path)
-        assert kept == lru and len(kept) >= 32
-    finally:
-        t.close()
+    kept, lru, _ = stored_past_budget(tmp_path, 40, 200)
+    assert kept == lru and len(kept) >= 32
 
 
 def test_a_candidate_used_since_its_scan_is_tried_again_after_older_stores(tmp_path):

@@ -152,16 +152,18 @@ struct KVTIER_HIDDEN RootSurvey::Impl {
     return entry;
   }
 
-  NamespaceUsage& usage_of(const std::string& name_space) {
+  // The namespace's index in `namespaces`, which gets it when its first file is counted.
+  std::uint32_t index_of(const std::string& name_space) {
     auto [it, added] =
         namespace_index.try_emplace(name_space, static_cast<std::uint32_t>(namespaces.size()));
     if (added) namespaces.push_back(NamespaceUsage{name_space});
-    return namespaces[it->second];
+    return it->second;
   }
 
   void count(std::string_view name, bool block, const struct stat& st) {
     ++files;
-    NamespaceUsage& usage = usage_of(current.name_space);
+    const std::uint32_t index = index_of(current.name_space);
+    NamespaceUsage& usage = namespaces[index];
     const std::int64_t size = st.st_size;
     if (!block) {
       usage.tmp_files += 1;
@@ -175,8 +177,7 @@ struct KVTIER_HIDDEN RootSurvey::Impl {
     usage.block_bytes += size;
     if (want_bytes <= 0) return;
     if (held < want_bytes || (!heap.empty() && earlier(t, heap.front().mtime))) {
-      heap.push_back(SurveyCandidate{namespace_index[current.name_space],
-                                     path_of(current.relative, name), size, t});
+      heap.push_back(SurveyCandidate{index, path_of(current.relative, name), size, t});
       std::push_heap(heap.begin(), heap.end(), newer_first);
       held += size;
       while (!heap.empty() &&

@@ -81,8 +81,7 @@ _HOLD_WAVES = 8
 class Evicted:
     paths: list[str] = field(default_factory=list)
     bytes: int = 0
-    skipped_recent: int = 0  # candidates used since the scan: kept
-    used_since: list[str] = field(default_factory=list)  # their paths
+    used_since: list[str] = field(default_factory=list)  # candidates used since the scan: kept
     vanished: int = 0  # candidates someone else removed first
     # Candidates this process may not remove (EACCES, EPERM: another user's directory, an
     # immutable file): kept, and the pass goes on; the first of them, for the operator.
@@ -92,6 +91,10 @@ class Evicted:
     unlink_cpu_seconds: float = 0.0  # CPU time of the threads that checked and unlinked
     # Where the thread count of the waves ended (see evict()): the next pass's start.
     tuning: UnlinkTuning | None = None
+
+    @property
+    def skipped_recent(self) -> int:
+        return len(self.used_since)
 
 
 def evict(
@@ -180,7 +183,6 @@ def evict(
                     done.denied_bytes += entry.size
                     done.first_denied = done.first_denied or entry.path
                 elif outcome < 0:
-                    done.skipped_recent += 1
                     done.used_since.append(entry.path)
                 else:
                     paths.append(entry.path)
