@@ -130,6 +130,10 @@ class CpuTestTieringOffloadingSpec(TieringOffloadingSpec):
                 rank=rank,
                 kv_bytes_per_chunk=self.kv_bytes_per_chunk,
                 cpu_page_size=self.cpu_page_size_per_worker,
+                # One worker: with a barrier (passed at once) the region's file in /dev/shm is
+                # unlinked as soon as it is mapped, so no exit (a server stopped by a signal
+                # included) leaves it behind, as vLLM's own spec does for its workers.
+                barrier=lambda: None,
             )
             self._worker = _HostCopyWorker(kv_caches, self.blocks_per_chunk, region)
         return self._worker

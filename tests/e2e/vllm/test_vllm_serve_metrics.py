@@ -76,6 +76,7 @@ def server(model_dir: Path, tmp_path: Path) -> Iterator[tuple[str, Path]]:
         "--dtype", "bfloat16",
         "--kv-transfer-config", json.dumps(kvtier_config(root)),
     ]  # fmt: skip
+    regions_before = set(Path("/dev/shm").glob("vllm_offload_*"))
     log = tmp_path / "server.log"
     with log.open("wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -102,6 +103,8 @@ def server(model_dir: Path, tmp_path: Path) -> Iterator[tuple[str, Path]]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    # The primary tier's shared memory goes with the server, however it was stopped.
+    assert set(Path("/dev/shm").glob("vllm_offload_*")) <= regions_before
 
 
 def test_kvtier_metrics_in_vllm_serve_prometheus_output(
