@@ -78,6 +78,7 @@ def steady(args: argparse.Namespace) -> dict:
             args.total,
             args.repeat,
             inflight=args.inflight,
+            threads=(args.threads, args.threads),
             leaf_dirs=args.leaf_dirs,
         )
     for entry in out.values():
@@ -275,6 +276,13 @@ def main() -> None:
             p.add_argument("--total", type=parse_size, default=768 << 20)
             p.add_argument("--repeat", type=int, default=3)
             p.add_argument("--inflight", type=int, default=8, help="store jobs in flight")
+            p.add_argument(
+                "--threads",
+                type=int,
+                default=16,
+                help="the tier's read and write threads (fewer than the CPUs leaves eviction "
+                "a CPU of its own)",
+            )
             p.add_argument(
                 "--leaf-dirs",
                 action="store_true",

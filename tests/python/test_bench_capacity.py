@@ -112,3 +112,20 @@ def test_a_steady_run_with_leaf_dirs_stores_beside_every_leaf_directory(tmp_path
     leaves = [d for d in ranks[0].glob("*/*") if d.is_dir()]
     assert len(leaves) == 65536
     assert sum(1 for d in leaves for _ in d.glob("*.kvb")) == 16
+
+
+def test_capacity_bench_steady_runs_the_tier_with_the_threads_asked_for(tmp_path: Path) -> None:
+    """`capacity_bench.py steady --threads 1`: both runs of each pair use a tier of one read
+    and one write thread (what leaves eviction a CPU of its own on a small machine)."""
+    script = Path(__file__).resolve().parents[2] / "bench" / "capacity_bench.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "steady", "--root", str(tmp_path), "--budget", "32MiB",
+         "--total", "8MiB", "--repeat", "1", "--threads", "1"],
+        capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["label"] for r in rows] == ["256 KiB", "2 MiB"]
+    assert all(r["threads"] == [1, 1] and r["refused_jobs"] == [0] for r in rows)
+    assert all(r["evicted_bytes_per_run"] > 0 for r in rows)  # the budgeted run was full
+    assert list(tmp_path.iterdir()) == []

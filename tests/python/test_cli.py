@@ -121,6 +121,14 @@ def test_bench_reports_interference_and_ordered_latency_percentiles(tiny_run: di
             assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"], (phase, p)
             assert len(p["samples_ms"]) == p["n"]
         assert lat["p95_ratio"] > 0
+        # The flood's store rate, loads running until it drained.
+        for r in lat["runs"]:
+            assert r["flood_bytes"] > 0 and r["flood_drain_s"] > 0
+            gbps = r["flood_bytes"] / r["flood_drain_s"] / 1e9
+            assert r["flood_store_gbps"] == pytest.approx(gbps)
+        assert lat["flood_store_gbps"] == pytest.approx(
+            statistics_median([r["flood_store_gbps"] for r in lat["runs"]])
+        )
 
 
 def statistics_median(values: list[float]) -> float:

@@ -90,7 +90,14 @@ def _parse(option: str, value: Any) -> Any:
     return getattr(FsTierOptions.parse("fs", raw), option)
 
 
-RANGED = ["n_read_threads", "n_write_threads", "worker_nice", "load_nice", "staging_buffer_bytes"]
+RANGED = [
+    "n_read_threads",
+    "n_write_threads",
+    "worker_nice",
+    "load_nice",
+    "max_stores_in_flight_while_loading",
+    "staging_buffer_bytes",
+]
 
 
 @pytest.mark.parametrize("option", RANGED)

@@ -251,3 +251,27 @@ def test_store_workers_ask_for_a_long_slice_so_that_any_waking_thread_preempts_t
             }
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("cap", [None, 3])
+def test_the_store_cap_while_loading_reaches_the_engine(tmp_path, monkeypatch, cap):
+    """``max_stores_in_flight_while_loading`` is the engine's (tests/cpp/test_engine_priority
+    checks the engine keeps it): the fs tier passes what it is given, and the engine's own
+    default when it is given nothing."""
+    from kvtier.tiering.fs import engine as engine_module
+
+    seen: list[dict] = []
+
+    class Recording(_core.Engine):
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module._core, "Engine", Recording)
+    array = np.zeros((4, 4096), dtype=np.uint8)
+    config = {"type": "fs", "root_dir": str(tmp_path)}
+    if cap is not None:
+        config["max_stores_in_flight_while_loading"] = cap
+    SecondaryTierFactory.create_secondary_tier(config, memoryview(array), SPEC).shutdown()
+    want = _core.ENGINE_DEFAULTS["max_stores_in_flight_while_loading"] if cap is None else cap
+    assert [k["max_stores_in_flight_while_loading"] for k in seen] == [want]

@@ -59,7 +59,7 @@ class AbandonGauges {
 struct SchedulerOptions {
   /// Store operations at most in flight while loads wait or run (already adjusted: see
   /// Engine's constructor).
-  unsigned store_cap_while_loading = 2;
+  unsigned store_cap_while_loading = 1;
   /// How long the store cap outlasts the last load.
   std::chrono::milliseconds store_cap_linger{100};
   /// Whether a worker takes up to kMaxBatchBlocks blocks of one job at once (the io_uring

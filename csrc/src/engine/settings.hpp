@@ -23,7 +23,7 @@ struct EngineSettings {
   Durability durability = Durability::kNone;
   mode_t file_mode = 0600;
   std::string fingerprint;
-  unsigned max_stores_in_flight_while_loading = 2;
+  unsigned max_stores_in_flight_while_loading = 1;
   unsigned store_cap_linger_ms = 100;
   std::size_t staging_bytes_total = std::size_t{64} << 20;
   std::size_t staging_buffer_bytes = std::size_t{2} << 20;

@@ -230,6 +230,7 @@ def steady(
         out[str(row)] = {
             "block_size": row,
             "label": format_size(row),
+            "threads": list(threads),
             "store_gbps_no_budget": statistics.median(r["gbps"] for r in runs["no_budget"]),
             "store_gbps_full_cache": statistics.median(r["gbps"] for r in runs["full_cache"]),
             "ratio": statistics.median(pairs),

@@ -4,6 +4,9 @@ An engine promotes a few blocks for a request that is waiting; a long queue of s
 engine offloading everything it computes) must not make that request wait for the whole
 queue. The flood is the whole workload submitted as store jobs at once; load jobs are issued
 one after another while it drains, each timed from submit to the poll that sees it finished.
+Loads keep coming until the flood has drained (the first ``samples`` of them are timed), so
+the flood's store rate is also measured while loads run: what a tier's priority for loads
+costs its stores.
 """
 
 from __future__ import annotations
@@ -133,6 +136,7 @@ def measure_latency(
     flood: list[float] = []
     flood_bytes = 0
     rounds = 0
+    drain_s = 0.0  # from each round's first store submitted to its last store finished
     while len(flood) < samples and rounds < _MAX_FLOOD_ROUNDS:
         # Each round stores the rows outside the hot set, then removes their files, so the
         # flood can last as long as needed without filling the disk. The keys are the same
@@ -140,13 +144,17 @@ def measure_latency(
         rounds += 1
         round_keys = block_keys(key_prefix, hot, n - hot)
         jobs = make_jobs(ids.take(n), round_keys, range(hot, n), blocks_per_job)
+        started = time.perf_counter()
         for job in jobs:
             driver.submit_store(job)
         sampler.store_pending = {j.job_id for j in jobs}
         flood_bytes += (n - hot) * primary.block_size
-        while sampler.store_pending and len(flood) < samples:
-            flood.append(sampler.load_once())
-        wait_for(driver, sampler.store_pending, "store")
+        # As an engine's would, loads keep coming until the round's stores have finished.
+        while sampler.store_pending:
+            elapsed = sampler.load_once()
+            if len(flood) < samples:
+                flood.append(elapsed)
+        drain_s += time.perf_counter() - started
         if sampler.store_errors:
             raise_job_failures(driver, "store", sampler.store_errors)
         remove_files(driver.file_paths(round_keys))
@@ -163,4 +171,7 @@ def measure_latency(
     }
     if idle and flood:
         result["p95_ratio"] = flood_ms["p95_ms"] / idle_ms["p95_ms"]
+    result["flood_drain_s"] = drain_s
+    if drain_s > 0:  # every store succeeded (a failure raised above)
+        result["flood_store_gbps"] = flood_bytes / drain_s / 1e9
     return result

@@ -262,11 +262,16 @@ def render(results: dict) -> str:
                     "/".join(_f(idle.get(p), "{:.2f}") for p in ("p50_ms", "p95_ms", "p99_ms")),
                     "/".join(_f(flood.get(p), "{:.2f}") for p in ("p50_ms", "p95_ms", "p99_ms")),
                     _f(lat.get("p95_ratio"), "{:.1f}x"),
+                    _f(lat.get("flood_store_gbps"), "{:.2f}"),
                     f"{idle.get('n', 0)}/{flood.get('n', 0)}",
                 ]
             )
-    out.append("Load latency of 4-block jobs (ms, p50/p95/p99, median of the runs)")
-    out.append(_table(["block / tier", "idle", "under store flood", "p95 ratio", "samples"], rows))
+    out.append(
+        "Load latency of 4-block jobs (ms, p50/p95/p99, median of the runs); the flood's stores "
+        "in GB/s while the loads ran"
+    )
+    header = ["block / tier", "idle", "under store flood", "p95 ratio", "flood stores GB/s"]
+    out.append(_table([*header, "samples"], rows))
 
     comparison = _engine_comparison(results)
     if comparison:

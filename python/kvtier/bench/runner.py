@@ -158,9 +158,10 @@ def _aggregate_latency(runs: list[dict]) -> dict:
                 summary[p] = _median([v[p] for v in valid])
         summary["samples_ms"] = [s for r in runs for s in r[phase].get("samples_ms", [])]
         out[phase] = summary
-    ratios = [r["p95_ratio"] for r in runs if "p95_ratio" in r]
-    if ratios:
-        out["p95_ratio"] = _median(ratios)
+    for key in ("p95_ratio", "flood_store_gbps"):
+        values = [r[key] for r in runs if key in r]
+        if values:
+            out[key] = _median(values)
     # Per-run percentiles stay; the samples themselves are kept once, above (all runs).
     out["runs"] = [
         {

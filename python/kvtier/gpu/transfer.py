@@ -47,8 +47,8 @@ class GPUStorageTransfer(EngineIoReport):
     ``kv_caches`` is a list of tensors (all CUDA tensors on one device, or all CPU tensors) in which
     dimension ``block_dim`` indexes blocks. ``options`` are the fs tier's storage options
     (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``, ``durability``,
-    ``file_mode``, ``worker_nice``, ``io_engine``, ``io_timeout_s``, and the capacity options
-    ``max_bytes``,
+    ``file_mode``, ``worker_nice``, ``load_nice``, ``max_stores_in_flight_while_loading``,
+    ``io_engine``, ``io_timeout_s``, and the capacity options ``max_bytes``,
     ``min_free_fraction``, ``eviction``) plus ``staging_bytes_total``, ``staging_buffer_bytes`` and
     ``numa_bind``. With the same ``offloading_spec`` and ``root_dir`` an ``fs`` tier whose primary
     rows are ``block_bytes`` long reads and writes the same files.

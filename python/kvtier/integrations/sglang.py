@@ -11,7 +11,8 @@ SGLang constructs the class as ``KvtierHiCacheStorage(storage_config, kwargs)`` 
 ``register_mem_pool_host(host_pool)``. Every key of the extra config other than SGLang's own
 (``backend_name``, ``module_path``, ``class_name``, ``interface_v1``) is an option of kvtier's
 ``fs`` tier (``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
-``durability``, ``file_mode``, ``worker_nice``, ``load_nice``, ``io_engine``, ``io_timeout_s``,
+``durability``, ``file_mode``, ``worker_nice``, ``load_nice``,
+``max_stores_in_flight_while_loading``, ``io_engine``, ``io_timeout_s``,
 the capacity options ``max_bytes``, ``min_free_fraction`` and ``eviction``, and whatever
 FsTierOptions gains), validated with the fs tier's errors. The capacity options hold this
 backend's pages within the root's budget exactly as the fs tier's blocks (one budget for every

@@ -66,8 +66,10 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
 
     Options (validated by :class:`~kvtier.tiering.fs.options.FsTierOptions`): ``root_dir``
     (required), ``n_read_threads``, ``n_write_threads``, ``o_direct``, ``checksum``,
-    ``durability``, ``file_mode``, ``worker_nice``, ``io_engine``, ``io_timeout_s``,
-    ``async_lookup``, ``max_queued_store_jobs``.
+    ``durability``, ``file_mode``, ``worker_nice``, ``load_nice``,
+    ``max_stores_in_flight_while_loading``, ``io_engine``, ``io_timeout_s``, ``async_lookup``,
+    ``max_queued_store_jobs``, and the capacity options ``max_bytes``, ``min_free_fraction``,
+    ``eviction``.
     """
 
     def __init__(

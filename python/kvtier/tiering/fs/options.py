@@ -54,6 +54,9 @@ class StorageOptions:
     io_engine: Literal["auto", "io_uring", "psync"] = _ENGINE["io_engine"]
     # Nice value of the load-only workers: loads (what a request waits for) above stores.
     load_nice: int = _ENGINE["load_nice"]
+    # Stores at most in flight while loads wait or run: a load waits for these writes at the
+    # device, and stores get no more done than they allow while loads run.
+    max_stores_in_flight_while_loading: int = _ENGINE["max_stores_in_flight_while_loading"]
     # Deadline of one block operation in seconds (0: none); past it the job fails with
     # ETIMEDOUT and the root is degraded (docs/tiers.md, "When storage stalls").
     io_timeout_s: float = _ENGINE["io_timeout_s"]
@@ -88,6 +91,11 @@ class StorageOptions:
             "worker_nice": p.integer("worker_nice", get("worker_nice"), *_LIMITS["worker_nice"]),
             "io_engine": p.choice("io_engine", get("io_engine"), IO_ENGINES),
             "load_nice": p.integer("load_nice", get("load_nice"), *_LIMITS["load_nice"]),
+            "max_stores_in_flight_while_loading": p.integer(
+                "max_stores_in_flight_while_loading",
+                get("max_stores_in_flight_while_loading"),
+                *_LIMITS["max_stores_in_flight_while_loading"],
+            ),
             "io_timeout_s": p.seconds(
                 "io_timeout_s", get("io_timeout_s"), *_LIMITS["io_timeout_s"]
             ),
