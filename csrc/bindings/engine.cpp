@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,8 +80,10 @@ py::dict engine_limits() {
   out["n_threads_total"] = py::make_tuple(lim::kMinThreadsTotal, 2 * lim::kMaxThreads);
   out["worker_nice"] = py::make_tuple(lim::kMinNice, lim::kMaxNice);
   out["load_nice"] = py::make_tuple(lim::kMinNice, lim::kMaxNice);
+  // No bound of its own beyond its type's: a larger value is refused by the option parsers,
+  // not turned into pybind11's TypeError here.
   out["max_stores_in_flight_while_loading"] =
-      py::make_tuple(lim::kMinStoresInFlightWhileLoading, unbounded);
+      py::make_tuple(lim::kMinStoresInFlightWhileLoading, std::numeric_limits<unsigned>::max());
   out["staging_buffer_bytes"] = py::make_tuple(lim::kStagingBufferMultiple, unbounded);
   out["staging_buffer_bytes_multiple"] = lim::kStagingBufferMultiple;
   out["staging_bytes_total"] = py::make_tuple(lim::kStagingBufferMultiple, unbounded);

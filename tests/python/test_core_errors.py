@@ -409,9 +409,12 @@ def test_engine_limits_are_what_the_engine_checks(tmp_path: Path, no_errors_modu
     assert _refused(tmp_path, n_read_threads=lo - 1, n_write_threads=0)
     assert not _refused(tmp_path, n_read_threads=lo, n_write_threads=0)
     lo, hi = limits["max_stores_in_flight_while_loading"]
-    assert hi is None
+    assert hi == 2**32 - 1  # no bound but its type's (unsigned): the option parsers refuse more
     assert _refused(tmp_path, max_stores_in_flight_while_loading=lo - 1)
     assert not _refused(tmp_path, max_stores_in_flight_while_loading=lo)
+    assert not _refused(tmp_path, max_stores_in_flight_while_loading=hi)
+    with pytest.raises(TypeError):  # pybind11's conversion, below every option parser
+        _engine(tmp_path, max_stores_in_flight_while_loading=hi + 1)
     multiple = limits["staging_buffer_bytes_multiple"]
     lo, hi = limits["staging_buffer_bytes"]
     assert hi is None and lo == multiple

@@ -136,7 +136,7 @@ class KVTIER_EXPORT EngineConfig {
   /// While loads are queued or running, and for store_cap_linger_ms after the last load
   /// finished, at most this many store operations run at once (default 1), so a load waits
   /// only for the write already at the device, also when an engine issues one small load at a
-  /// time. A second store in flight roughly doubles what stores get done while loads run, and
+  /// time. A second store in flight lets stores get 1.5-2x as much done while loads run, and
   /// adds a write to every load's wait (docs/PERFORMANCE.md, section 29).
   unsigned max_stores_in_flight_while_loading() const noexcept;
   EngineConfig& set_max_stores_in_flight_while_loading(unsigned value);

@@ -15,7 +15,8 @@ CAP = int(os.environ["CAP"])
 
 class CappedEngine(_core.Engine):
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("max_stores_in_flight_while_loading", CAP)
+        # Set, not defaulted: the storage options pass the engine its default explicitly.
+        kwargs["max_stores_in_flight_while_loading"] = CAP
         super().__init__(*args, **kwargs)
 
 

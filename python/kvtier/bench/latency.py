@@ -172,6 +172,6 @@ def measure_latency(
     if idle and flood:
         result["p95_ratio"] = flood_ms["p95_ms"] / idle_ms["p95_ms"]
     result["flood_drain_s"] = drain_s
-    if drain_s > 0:  # every store succeeded (a failure raised above)
+    if flood_bytes and drain_s > 0:  # every store succeeded (a failure raised above)
         result["flood_store_gbps"] = flood_bytes / drain_s / 1e9
     return result

@@ -17,7 +17,8 @@ and a module. In ``kv_connector_extra_config`` of the ``OffloadingConnector``::
 
 Every other key of the entry is an option of kvtier's ``fs`` tier (``n_read_threads``,
 ``n_write_threads``, ``o_direct``, ``checksum``, ``durability``, ``file_mode``, ``worker_nice``,
-``io_engine``, ``io_timeout_s``, ``async_lookup``, ``max_queued_store_jobs``, and the capacity
+``load_nice``, ``max_stores_in_flight_while_loading``, ``io_engine``, ``io_timeout_s``,
+``async_lookup``, ``max_queued_store_jobs``, and the capacity
 options ``max_bytes``, ``min_free_fraction``, ``eviction``), validated by kvtier, plus the keys
 vLLM itself understands for storage tiers: ``locality`` (``"LOCAL"`` or ``"REMOTE"``),
 ``enable_kv_events`` and ``backpressure`` (which vLLM's factory turns into a detector). See

@@ -117,6 +117,7 @@ class CpuTestTieringOffloadingSpec(TieringOffloadingSpec):
     def get_manager(self) -> OffloadingManager:
         if not self._manager:
             MANAGERS.append(super().get_manager())
+            _unlink_if_second(self._scheduler_mmap)
         return super().get_manager()
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
@@ -130,10 +131,18 @@ class CpuTestTieringOffloadingSpec(TieringOffloadingSpec):
                 rank=rank,
                 kv_bytes_per_chunk=self.kv_bytes_per_chunk,
                 cpu_page_size=self.cpu_page_size_per_worker,
-                # One worker: with a barrier (passed at once) the region's file in /dev/shm is
-                # unlinked as soon as it is mapped, so no exit (a server stopped by a signal
-                # included) leaves it behind, as vLLM's own spec does for its workers.
-                barrier=lambda: None,
             )
+            _unlink_if_second(region)
             self._worker = _HostCopyWorker(kv_caches, self.blocks_per_chunk, region)
         return self._worker
+
+
+def _unlink_if_second(region: SharedOffloadRegion | None) -> None:
+    """The worker and the scheduler's primary tier each map the region's file in /dev/shm;
+    whichever maps it second (vLLM builds the worker first) removes its path. Both mappings
+    stay valid and the memory goes with the engine, so no exit, a server stopped by a signal
+    included, leaves the file behind. Removed any earlier, the second would create a region of
+    its own and the two would no longer share the blocks (vLLM's barrier, which unlinks once
+    every worker has mapped it, does not wait for the scheduler)."""
+    if region is not None and not region._creator:  # vLLM 0.33: True for the one that made it
+        region._unlink()
