@@ -1,0 +1,21 @@
+#!/bin/bash
+# Store cap while loading, 2 (default) against 1: same build, option set through the engine.
+# As run (from a scratch directory holding capbench.py; rounds 1-2 of kvtier alone with ROUNDS
+# unset, 3-6 with ROUNDS="3 4 5 6"). The runs used kwargs.setdefault in capbench.py, which
+# worked while the fs tier did not pass the option itself; the committed capbench.py assigns it.
+cd /work/exp
+for round in ${ROUNDS:-1 2}; do
+  for fs in ext4:/tmp tmpfs:/dev/shm; do
+    for t in 4 16; do
+      for cap in 2 1; do
+        [ $((round % 2)) = 0 ] && cap=$((3 - cap))   # the order swaps in round 2
+        name="r$round-${fs%%:*}-t$t-cap$cap"
+        echo "$(date -u +%H:%M:%S) $name load $(cut -d' ' -f1-3 /proc/loadavg)"
+        CAP=$cap /work/venv/bin/python capbench.py --root "${fs#*:}" --sizes 256K,2M --total 512M \
+          --repeat 3 --blocks-per-job 16 --read-threads $t --write-threads $t --no-fio --quiet \
+          --json cap/$name.json > cap/$name.txt 2>&1
+      done
+    done
+  done
+done
+echo done
