@@ -9,9 +9,9 @@ import platform
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -57,15 +57,20 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _io_timeout(text: str) -> float:
-    """--io-timeout-s: the fs tier's own check (its range and message) on the bench's value."""
-    from kvtier.errors import ConfigurationError
-    from kvtier.tiering.fs.options import FsTierOptions
+def _fs_option(name: str) -> Callable[[str], Any]:
+    """An argparse type for one of the fs tier's options: the tier's own check (its range and
+    message) on the bench's value."""
 
-    try:
-        return FsTierOptions.parse("fs", {"root_dir": ".", "io_timeout_s": text}).io_timeout_s
-    except ConfigurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    def parse(text: str) -> Any:
+        from kvtier.errors import ConfigurationError
+        from kvtier.tiering.fs.options import FsTierOptions
+
+        try:
+            return getattr(FsTierOptions.parse("fs", {"root_dir": ".", name: text}), name)
+        except ConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -253,14 +258,21 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="run the tier with psync and with io_uring side by side, alternating within each "
         "run, with their ratio",
     )
-    bench.add_argument(
-        "--io-timeout-s",
-        type=_io_timeout,
-        default=None,
-        metavar="SECONDS",
-        help="the fs tier's io_timeout_s: deadline of one block operation (0: none; default: "
-        "the tier's, 10)",
-    )
+    from kvtier._core import ENGINE_DEFAULTS
+
+    # The fs tier's options that the bench passes on, checked by the tier's own parser.
+    for name, metavar, what in (
+        ("io_timeout_s", "SECONDS", "deadline of one block operation (0: none; "),
+        ("max_stores_in_flight_while_loading", "N", "stores at the device while loads run ("),
+    ):
+        default = ENGINE_DEFAULTS[name]
+        bench.add_argument(
+            "--" + name.replace("_", "-"),
+            type=_fs_option(name),
+            default=None,
+            metavar=metavar,
+            help=f"the fs tier's {name}: {what}default: the tier's, {default:g})",
+        )
     bench.add_argument(
         "--checksum",
         choices=["crc32c", "none"],
@@ -367,6 +379,7 @@ def _bench(args: argparse.Namespace) -> int:
         compare_io_engines=args.compare_io_engines,
         checksum=args.checksum,
         io_timeout_s=args.io_timeout_s,
+        max_stores_in_flight_while_loading=args.max_stores_in_flight_while_loading,
         primary=args.primary,
         run_fio=not args.no_fio,
         ceilings=args.ceilings,

@@ -606,6 +606,8 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
         (["--checksum", "md5"], "invalid choice"),
         (["--io-timeout-s", "-1"], "'io_timeout_s'"),
         (["--io-timeout-s", "soon"], "0: no deadline"),
+        (["--max-stores-in-flight-while-loading", "0"], "'max_stores_in_flight_while_loading'"),
+        (["--max-stores-in-flight-while-loading", "two"], "max_stores_in_flight_while_loading"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
 )

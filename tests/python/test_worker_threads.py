@@ -253,11 +253,8 @@ def test_store_workers_ask_for_a_long_slice_so_that_any_waking_thread_preempts_t
             shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.parametrize("cap", [None, 3])
-def test_the_store_cap_while_loading_reaches_the_engine(tmp_path, monkeypatch, cap):
-    """``max_stores_in_flight_while_loading`` is the engine's (tests/cpp/test_engine_priority
-    checks the engine keeps it): the fs tier passes what it is given, and the engine's own
-    default when it is given nothing."""
+def _record_engine_kwargs(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """The keyword arguments of every ``_core.Engine`` the fs tier opens from now on."""
     from kvtier.tiering.fs import engine as engine_module
 
     seen: list[dict] = []
@@ -268,6 +265,15 @@ def test_the_store_cap_while_loading_reaches_the_engine(tmp_path, monkeypatch, c
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(engine_module._core, "Engine", Recording)
+    return seen
+
+
+@pytest.mark.parametrize("cap", [None, 3])
+def test_the_store_cap_while_loading_reaches_the_engine(tmp_path, monkeypatch, cap):
+    """``max_stores_in_flight_while_loading`` is the engine's (tests/cpp/test_engine_priority
+    checks the engine keeps it): the fs tier passes what it is given, and the engine's own
+    default when it is given nothing."""
+    seen = _record_engine_kwargs(monkeypatch)
     array = np.zeros((4, 4096), dtype=np.uint8)
     config = {"type": "fs", "root_dir": str(tmp_path)}
     if cap is not None:
@@ -275,3 +281,21 @@ def test_the_store_cap_while_loading_reaches_the_engine(tmp_path, monkeypatch, c
     SecondaryTierFactory.create_secondary_tier(config, memoryview(array), SPEC).shutdown()
     want = _core.ENGINE_DEFAULTS["max_stores_in_flight_while_loading"] if cap is None else cap
     assert [k["max_stores_in_flight_while_loading"] for k in seen] == [want]
+
+
+def test_kvtier_bench_hands_the_store_cap_to_every_engine_it_opens(tmp_path, monkeypatch, capsys):
+    """`kvtier bench --max-stores-in-flight-while-loading 3`: every tier the bench opens has
+    its engine opened with 3, and the results record it."""
+    from kvtier.cli import main
+
+    seen = _record_engine_kwargs(monkeypatch)
+    out = tmp_path / "bench.json"
+    args = ["bench", "--root", str(tmp_path), "--sizes", "64K", "--total", "1M",
+            "--read-threads", "1", "--write-threads", "1", "--latency-samples", "2",
+            "--loop-seconds", "0.05", "--repeat", "1", "--no-fio", "--quiet",
+            "--max-stores-in-flight-while-loading", "3", "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    assert seen and all(k["max_stores_in_flight_while_loading"] == 3 for k in seen)
+    assert json.loads(out.read_text())["config"]["max_stores_in_flight_while_loading"] == 3
+    assert main(["bench", "--from-json", str(out)]) == 0  # the report says what the run set
+    assert "kvtier options: max_stores_in_flight_while_loading=3" in capsys.readouterr().out

@@ -93,6 +93,8 @@ class BenchConfig:
     checksum: str = "crc32c"
     #: The fs tier's io_timeout_s (`--io-timeout-s`); None: the tier's default.
     io_timeout_s: float | None = None
+    #: The fs tier's max_stores_in_flight_while_loading; None: the tier's default.
+    max_stores_in_flight_while_loading: int | None = None
     #: The physical layout of the primary memory (`--primary`, kvtier.bench.primary).
     primary: str = DEFAULT_PRIMARY_LAYOUT
     run_fio: bool = True

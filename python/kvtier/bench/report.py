@@ -157,6 +157,14 @@ def render(results: dict) -> str:
     engines = _io_engine_text(results)
     if engines:
         out.append(f"  io engine: {engines}, checksum {cfg.get('checksum', 'crc32c')}")
+    # The fs tier options the run set (the tier's defaults otherwise).
+    chosen = [
+        f"{name}={cfg[name]:g}"
+        for name in ("io_timeout_s", "max_stores_in_flight_while_loading")
+        if cfg.get(name) is not None
+    ]
+    if chosen:
+        out.append(f"  kvtier options: {', '.join(chosen)}")
     vllm = results.get("peers", {}).get("vllm")
     if vllm:
         if vllm.get("available"):

@@ -423,6 +423,7 @@ def _kvtier_tiers(
             io_engine=engine,
             checksum=config.checksum,
             io_timeout_s=config.io_timeout_s,
+            max_stores_in_flight_while_loading=config.max_stores_in_flight_while_loading,
             ran=io_engines[name],
         )
     return io_engines
@@ -697,6 +698,7 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
             "compare_io_engines": config.compare_io_engines,
             "checksum": config.checksum,
             "io_timeout_s": config.io_timeout_s,
+            "max_stores_in_flight_while_loading": config.max_stores_in_flight_while_loading,
             "primary": config.primary,
             "statistic": (
                 f"median of {config.repeat} runs, spread = [min, max], noisy when max/min > "

@@ -172,6 +172,7 @@ class KvtierDriver:
         io_engine: str = "auto",
         checksum: str = "crc32c",
         io_timeout_s: float | None = None,
+        max_stores_in_flight_while_loading: int | None = None,
     ):
         self._job_metadata = JobMetadata
         self._req = ReqContext(req_id="kvtier-bench")
@@ -190,6 +191,8 @@ class KvtierDriver:
             config["worker_nice"] = worker_nice
         if io_timeout_s is not None:  # else the tier's default
             config["io_timeout_s"] = io_timeout_s
+        if max_stores_in_flight_while_loading is not None:  # else the tier's default
+            config["max_stores_in_flight_while_loading"] = max_stores_in_flight_while_loading
         try:
             tier = SecondaryTierFactory.create_secondary_tier(config, primary.view, spec)
         except ValueError as exc:
@@ -248,6 +251,7 @@ def kvtier_factory(
     io_engine: str = "auto",
     checksum: str = "crc32c",
     io_timeout_s: float | None = None,
+    max_stores_in_flight_while_loading: int | None = None,
     ran: dict[str, str] | None = None,
 ) -> DriverFactory:
     """Creates kvtier drivers; ``ran`` (if given) receives the engine the last one runs
@@ -263,6 +267,7 @@ def kvtier_factory(
             io_engine=io_engine,
             checksum=checksum,
             io_timeout_s=io_timeout_s,
+            max_stores_in_flight_while_loading=max_stores_in_flight_while_loading,
         )
         if ran is not None:
             ran["io_engine"] = driver.io_engine
