@@ -259,12 +259,15 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "run, with their ratio",
     )
     from kvtier._core import ENGINE_DEFAULTS
+    from kvtier.bench.config import TIER_OPTION_FLAGS
 
     # The fs tier's options that the bench passes on, checked by the tier's own parser.
-    for name, metavar, what in (
-        ("io_timeout_s", "SECONDS", "deadline of one block operation (0: none; "),
-        ("max_stores_in_flight_while_loading", "N", "stores at the device while loads run ("),
-    ):
+    flag_text = {
+        "io_timeout_s": ("SECONDS", "deadline of one block operation (0: none; "),
+        "max_stores_in_flight_while_loading": ("N", "stores at the device while loads run ("),
+    }
+    for name in TIER_OPTION_FLAGS:
+        metavar, what = flag_text[name]
         default = ENGINE_DEFAULTS[name]
         bench.add_argument(
             "--" + name.replace("_", "-"),
@@ -351,7 +354,7 @@ def _check_output_path(path: Path, option: str) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     from kvtier import _core
-    from kvtier.bench.config import DEFAULT_SIZES, BenchConfig
+    from kvtier.bench.config import DEFAULT_SIZES, TIER_OPTION_FLAGS, BenchConfig
     from kvtier.bench.errors import BenchError
     from kvtier.bench.plot import check_matplotlib, plot
     from kvtier.bench.report import render, write_json
@@ -378,8 +381,7 @@ def _bench(args: argparse.Namespace) -> int:
         io_engine=args.io_engine,
         compare_io_engines=args.compare_io_engines,
         checksum=args.checksum,
-        io_timeout_s=args.io_timeout_s,
-        max_stores_in_flight_while_loading=args.max_stores_in_flight_while_loading,
+        **{name: getattr(args, name) for name in TIER_OPTION_FLAGS},
         primary=args.primary,
         run_fio=not args.no_fio,
         ceilings=args.ceilings,

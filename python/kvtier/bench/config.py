@@ -26,6 +26,9 @@ DEFAULT_REPEAT = 5
 NOISY_RATIO = 1.5
 #: A workload needs room for the latency hot set (4-block jobs) and a store flood.
 MIN_BLOCKS = 8
+#: The fs tier's options that `kvtier bench` takes as flags of the same name (``--io-timeout-s``)
+#: and BenchConfig fields; None there leaves the tier's default.
+TIER_OPTION_FLAGS = ("io_timeout_s", "max_stores_in_flight_while_loading")
 
 
 def parse_size(text: str) -> int:

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 from kvtier.bench.ceiling import BASIC_CEILINGS, CEILINGS
-from kvtier.bench.config import NOISY_RATIO, format_size
+from kvtier.bench.config import NOISY_RATIO, TIER_OPTION_FLAGS, format_size
 from kvtier.bench.machine import describe_short
 from kvtier.bench.primary import PRIMARY_LAYOUT_TEXT
 
@@ -158,11 +158,7 @@ def render(results: dict) -> str:
     if engines:
         out.append(f"  io engine: {engines}, checksum {cfg.get('checksum', 'crc32c')}")
     # The fs tier options the run set (the tier's defaults otherwise).
-    chosen = [
-        f"{name}={cfg[name]:g}"
-        for name in ("io_timeout_s", "max_stores_in_flight_while_loading")
-        if cfg.get(name) is not None
-    ]
+    chosen = [f"{name}={cfg[name]:g}" for name in TIER_OPTION_FLAGS if cfg.get(name) is not None]
     if chosen:
         out.append(f"  kvtier options: {', '.join(chosen)}")
     vllm = results.get("peers", {}).get("vllm")
