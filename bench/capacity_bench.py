@@ -8,6 +8,7 @@
     python bench/capacity_bench.py million [--root DIR] [--files 1000000] [--budget-fraction 0.5]
     python bench/capacity_bench.py submit  [--root DIR] [--budget 64M] [--jobs 4000] [--repeat 3]
     python bench/capacity_bench.py gcpause [--root DIR] [--files 262144] [--keys 1048576]
+    python bench/capacity_bench.py churn   [--root DIR] [--files 2000] [--repeat 3]
 
 steady:  store throughput with a full cache (every store makes room) against the same run
          without a budget, at 256 KiB and 2 MiB blocks, alternating run by run; CPU per GiB
@@ -25,6 +26,13 @@ gcpause: the full garbage collection a process pays (GIL held) while it keeps a 
          candidates, as a tier does between passes: makes N empty block files, surveys
          them, then times gc.collect() with the candidates held and after they are dropped,
          then with a lookup cache of --keys known blocks.
+churn:   what the file system itself charges per block, one thread, no kvtier: storing a new
+         file (create, write, rename), evicting one (unlink), and reusing an evicted one in
+         place (rename it aside, overwrite it, rename it in). Wall and process CPU seconds per
+         GiB, O_DIRECT where the file system takes it, at 256 KiB and 2 MiB. store / (store +
+         unlink) is what a full cache that evicts by unlinking can reach against no budget
+         when the two cannot overlap (CPU-bound on tmpfs; device-bound where an unlink waits
+         for the device, as with ext4's `discard`).
 million: makes N small block files (sparse, 8 KiB each) with make_block_tree, then times a
          tier's constructor on that root without a ledger, the background scan until the
          ledger is complete, eviction down to the budget, and `kvtier du`.
@@ -34,8 +42,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,6 +56,7 @@ from pathlib import Path
 
 import numpy as np
 from kvtier.bench import capacity
+from kvtier.bench.config import format_size as block_label
 from kvtier.tiering.fs.capacity import block_file_bytes, format_size, parse_size
 from kvtier.tiering.fs.capacity.evictor import evict
 from kvtier.tiering.fs.capacity.ledger import UsageLedger
@@ -111,6 +122,74 @@ def evict_cost(args: argparse.Namespace) -> dict:
             "wall_s_per_gib": round(wall / gib, 3),
         }
         print(json.dumps({format_size(row): out[format_size(row)]}))
+    return out
+
+
+def _churn_once(directory: Path, row: int, files: int) -> dict:
+    size = block_file_bytes(row)
+    data = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs
+    data.write(os.urandom(size))
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    direct = getattr(os, "O_DIRECT", 0)
+    try:
+        os.close(os.open("probe", os.O_WRONLY | os.O_CREAT | direct, 0o644, dir_fd=dfd))
+        os.unlink("probe", dir_fd=dfd)
+    except OSError:
+        direct = 0  # a file system without O_DIRECT: buffered, as kvtier falls back
+
+    def write(name: str, flags: int) -> None:
+        fd = os.open(name, os.O_WRONLY | flags | direct, 0o644, dir_fd=dfd)
+        try:
+            os.pwrite(fd, data, 0)
+        finally:
+            os.close(fd)
+
+    def store(i: int) -> None:
+        write(f"{i}.tmp", os.O_CREAT | os.O_EXCL)
+        os.rename(f"{i}.tmp", f"{i}.kvb", src_dir_fd=dfd, dst_dir_fd=dfd)
+
+    def reuse(i: int) -> None:  # block i's file becomes block files + i's
+        os.rename(f"{i}.kvb", f"{i}.tmp", src_dir_fd=dfd, dst_dir_fd=dfd)
+        write(f"{i}.tmp", 0)
+        os.rename(f"{i}.tmp", f"{files + i}.kvb", src_dir_fd=dfd, dst_dir_fd=dfd)
+
+    def unlink(i: int) -> None:
+        os.unlink(f"{files + i}.kvb", dir_fd=dfd)
+
+    gib = files * size / 2**30
+    out: dict = {"o_direct": bool(direct)}
+    try:
+        for name, step in (("store", store), ("reuse", reuse), ("unlink", unlink)):
+            os.sync()  # each step starts with nothing of the last one to write back
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            for i in range(files):
+                step(i)
+            out[f"{name}_wall_s_per_gib"] = (time.perf_counter() - t0) / gib
+            out[f"{name}_cpu_s_per_gib"] = (time.process_time() - cpu0) / gib
+    finally:
+        os.close(dfd)
+    return out
+
+
+def churn(args: argparse.Namespace) -> dict:
+    """Per block size, the median of ``repeat`` rounds of _churn_once, and the full-cache
+    store rate over no budget that unlinking allows (wall and CPU) against reusing."""
+    out = {}
+    for row in (256 << 10, 2 << 20):
+        rounds = []
+        for _ in range(args.repeat):
+            with scratch(args.root) as root:
+                rounds.append(_churn_once(root, row, args.files))
+        med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0] if k != "o_direct"}
+        for kind in ("wall", "cpu"):
+            store, unlink = med[f"store_{kind}_s_per_gib"], med[f"unlink_{kind}_s_per_gib"]
+            reuse = med[f"reuse_{kind}_s_per_gib"]
+            med[f"unlink_bound_{kind}"] = store / (store + unlink)
+            med[f"reuse_over_store_{kind}"] = store / reuse
+        entry = {k: round(v, 3) for k, v in med.items()}
+        entry["o_direct"] = rounds[0]["o_direct"]
+        out[block_label(row)] = entry
+        print(json.dumps({block_label(row): entry}))
     return out
 
 
@@ -267,7 +346,7 @@ def submit_latency(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
-    for name in ("steady", "recency", "evict", "million", "submit", "gcpause"):
+    for name in ("steady", "recency", "evict", "million", "submit", "gcpause", "churn"):
         p = sub.add_parser(name)
         p.add_argument("--root", type=Path, default=Path("."))
         p.add_argument("--json", type=Path)
@@ -303,6 +382,9 @@ def main() -> None:
             p.add_argument("--files", type=int, default=1 << 18)
             p.add_argument("--keys", type=int, default=1 << 20, help="lookup cache keys")
             p.add_argument("--repeat", type=int, default=5)
+        if name == "churn":
+            p.add_argument("--files", type=int, default=2000, help="blocks per step")
+            p.add_argument("--repeat", type=int, default=3)
         if name == "million":
             p.add_argument("--files", type=int, default=1_000_000)
             p.add_argument("--budget-fraction", type=float, default=0.5)
@@ -314,6 +396,7 @@ def main() -> None:
         "million": million,
         "submit": submit_latency,
         "gcpause": gc_pause,
+        "churn": churn,
     }
     result = commands[args.what](args)
     if args.json is not None:

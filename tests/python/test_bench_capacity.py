@@ -129,3 +129,30 @@ def test_capacity_bench_steady_runs_the_tier_with_the_threads_asked_for(tmp_path
     assert all(r["threads"] == [1, 1] and r["refused_jobs"] == [0] for r in rows)
     assert all(r["evicted_bytes_per_run"] > 0 for r in rows)  # the budgeted run was full
     assert list(tmp_path.iterdir()) == []
+
+
+def test_capacity_bench_churn_measures_store_unlink_and_reuse_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """`capacity_bench.py churn`: per block size, the file system's seconds per GiB for each
+    step, the bound an unlinking full cache can reach, and nothing left under the root."""
+    script = Path(__file__).resolve().parents[2] / "bench" / "capacity_bench.py"
+    out = tmp_path / "churn.json"
+    root = tmp_path / "root"
+    root.mkdir()
+    proc = subprocess.run(
+        [sys.executable, str(script), "churn", "--root", str(root), "--files", "8",
+         "--repeat", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert list(result) == ["256 KiB", "2 MiB"]
+    for entry in result.values():
+        for step in ("store", "reuse", "unlink"):
+            assert entry[f"{step}_wall_s_per_gib"] > 0
+            assert entry[f"{step}_cpu_s_per_gib"] >= 0
+        store, unlink = entry["store_wall_s_per_gib"], entry["unlink_wall_s_per_gib"]
+        assert entry["unlink_bound_wall"] == pytest.approx(store / (store + unlink), abs=0.01)
+        assert 0 < entry["unlink_bound_wall"] < 1
+    assert list(root.iterdir()) == []
