@@ -8,7 +8,7 @@
     python bench/capacity_bench.py million [--root DIR] [--files 1000000] [--budget-fraction 0.5]
     python bench/capacity_bench.py submit  [--root DIR] [--budget 64M] [--jobs 4000] [--repeat 3]
     python bench/capacity_bench.py gcpause [--root DIR] [--files 262144] [--keys 1048576]
-    python bench/capacity_bench.py churn   [--root DIR] [--files 2000] [--repeat 3]
+    python bench/capacity_bench.py churn   [--root DIR] [--files 2000] [--repeat 3] [--pause 0]
 
 steady:  store throughput with a full cache (every store makes room) against the same run
          without a budget, at 256 KiB and 2 MiB blocks, alternating run by run; CPU per GiB
@@ -27,12 +27,14 @@ gcpause: the full garbage collection a process pays (GIL held) while it keeps a 
          them, then times gc.collect() with the candidates held and after they are dropped,
          then with a lookup cache of --keys known blocks.
 churn:   what the file system itself charges per block, one thread, no kvtier: storing a new
-         file (create, write, rename), evicting one (unlink), and reusing an evicted one in
-         place (rename it aside, overwrite it, rename it in). Wall and process CPU seconds per
-         GiB, O_DIRECT where the file system takes it, at 256 KiB and 2 MiB. store / (store +
-         unlink) is what a full cache that evicts by unlinking can reach against no budget
-         when the two cannot overlap (CPU-bound on tmpfs; device-bound where an unlink waits
-         for the device, as with ext4's `discard`).
+         file (create, write, rename), reusing an evicted one in place (rename it aside,
+         overwrite it with another block, rename it in) and evicting one (unlink). Wall and
+         process CPU seconds per GiB of file, O_DIRECT where kvtier's probe finds it works, at
+         256 KiB and 2 MiB, an untimed sync before each step. store / (store + unlink) is what
+         a full cache that evicts by unlinking reaches over no budget where stores and unlinks
+         cannot overlap (both on a saturated CPU, or both waiting for one device). --pause
+         between rounds: on ext4 without a journal a round's creates pay for the deletes of
+         the minute before (docs/PERFORMANCE.md section 6).
 million: makes N small block files (sparse, 8 KiB each) with make_block_tree, then times a
          tier's constructor on that root without a ledger, the background scan until the
          ledger is complete, eviction down to the budget, and `kvtier du`.
@@ -55,6 +57,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from kvtier import _core
 from kvtier.bench import capacity
 from kvtier.bench.config import format_size as block_label
 from kvtier.tiering.fs.capacity import block_file_bytes, format_size, parse_size
@@ -125,19 +128,26 @@ def evict_cost(args: argparse.Namespace) -> dict:
     return out
 
 
-def _churn_once(directory: Path, row: int, files: int) -> dict:
-    size = block_file_bytes(row)
-    data = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs
-    data.write(os.urandom(size))
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    direct = getattr(os, "O_DIRECT", 0)
-    try:
-        os.close(os.open("probe", os.O_WRONLY | os.O_CREAT | direct, 0o644, dir_fd=dfd))
-        os.unlink("probe", dir_fd=dfd)
-    except OSError:
-        direct = 0  # a file system without O_DIRECT: buffered, as kvtier falls back
+CHURN_STEPS = ("store", "reuse", "unlink")
 
-    def write(name: str, flags: int) -> None:
+
+def _churn_once(
+    directory: Path, row: int, files: int, steps: tuple[str, ...] = CHURN_STEPS
+) -> dict:
+    """Run ``steps`` (in CHURN_STEPS' order) over ``files`` block files of a ``row``-byte
+    payload in ``directory``: "store" makes 0.kvb..; "reuse" turns each into files+i.kvb in
+    place, holding another block's bytes; "unlink" removes those. Seconds per GiB of file."""
+    size = block_file_bytes(row)
+    # Page-aligned buffers, as O_DIRECT needs; a reused file gets another block's bytes.
+    block, other = mmap.mmap(-1, size), mmap.mmap(-1, size)
+    block.write(os.urandom(size))
+    other.write(os.urandom(size))
+    # kvtier's own probe (an aligned write, the created file removed whatever happens): a
+    # file system without O_DIRECT is measured buffered, as kvtier falls back.
+    direct = getattr(os, "O_DIRECT", 0) if _core.probe_o_direct(str(directory)) == "" else 0
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+
+    def write(name: str, flags: int, data: mmap.mmap) -> None:
         fd = os.open(name, os.O_WRONLY | flags | direct, 0o644, dir_fd=dfd)
         try:
             os.pwrite(fd, data, 0)
@@ -145,12 +155,12 @@ def _churn_once(directory: Path, row: int, files: int) -> dict:
             os.close(fd)
 
     def store(i: int) -> None:
-        write(f"{i}.tmp", os.O_CREAT | os.O_EXCL)
+        write(f"{i}.tmp", os.O_CREAT | os.O_EXCL, block)
         os.rename(f"{i}.tmp", f"{i}.kvb", src_dir_fd=dfd, dst_dir_fd=dfd)
 
-    def reuse(i: int) -> None:  # block i's file becomes block files + i's
+    def reuse(i: int) -> None:
         os.rename(f"{i}.kvb", f"{i}.tmp", src_dir_fd=dfd, dst_dir_fd=dfd)
-        write(f"{i}.tmp", 0)
+        write(f"{i}.tmp", 0, other)
         os.rename(f"{i}.tmp", f"{files + i}.kvb", src_dir_fd=dfd, dst_dir_fd=dfd)
 
     def unlink(i: int) -> None:
@@ -160,7 +170,11 @@ def _churn_once(directory: Path, row: int, files: int) -> dict:
     out: dict = {"o_direct": bool(direct)}
     try:
         for name, step in (("store", store), ("reuse", reuse), ("unlink", unlink)):
-            os.sync()  # each step starts with nothing of the last one to write back
+            if name not in steps:
+                continue
+            # Untimed: the last step's writeback (none with O_DIRECT but metadata) is not
+            # charged to this one.
+            os.sync()
             cpu0, t0 = time.process_time(), time.perf_counter()
             for i in range(files):
                 step(i)
@@ -168,16 +182,27 @@ def _churn_once(directory: Path, row: int, files: int) -> dict:
             out[f"{name}_cpu_s_per_gib"] = (time.process_time() - cpu0) / gib
     finally:
         os.close(dfd)
+        block.close()
+        other.close()
     return out
 
 
 def churn(args: argparse.Namespace) -> dict:
-    """Per block size, the median of ``repeat`` rounds of _churn_once, and the full-cache
-    store rate over no budget that unlinking allows (wall and CPU) against reusing."""
-    out = {}
+    """Per block size, the median of ``repeat`` rounds of _churn_once, what a full cache that
+    evicts by unlinking could reach over no budget if its stores and unlinks did not overlap
+    (wall and CPU), and how much cheaper reuse is than a new file."""
+    out: dict = {
+        "root": str(args.root),
+        "files": args.files,
+        "repeat": args.repeat,
+        "pause_s": args.pause,
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     for row in (256 << 10, 2 << 20):
         rounds = []
         for _ in range(args.repeat):
+            if rounds or row != 256 << 10:
+                time.sleep(args.pause)
             with scratch(args.root) as root:
                 rounds.append(_churn_once(root, row, args.files))
         med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0] if k != "o_direct"}
@@ -185,9 +210,9 @@ def churn(args: argparse.Namespace) -> dict:
             store, unlink = med[f"store_{kind}_s_per_gib"], med[f"unlink_{kind}_s_per_gib"]
             reuse = med[f"reuse_{kind}_s_per_gib"]
             med[f"unlink_bound_{kind}"] = store / (store + unlink)
-            med[f"reuse_over_store_{kind}"] = store / reuse
+            med[f"store_over_reuse_{kind}"] = store / reuse
         entry = {k: round(v, 3) for k, v in med.items()}
-        entry["o_direct"] = rounds[0]["o_direct"]
+        entry["o_direct"] = all(r["o_direct"] for r in rounds)
         out[block_label(row)] = entry
         print(json.dumps({block_label(row): entry}))
     return out
@@ -385,6 +410,13 @@ def main() -> None:
         if name == "churn":
             p.add_argument("--files", type=int, default=2000, help="blocks per step")
             p.add_argument("--repeat", type=int, default=3)
+            p.add_argument(
+                "--pause",
+                type=float,
+                default=0.0,
+                help="seconds between rounds (ext4 without a journal: over 60, so that a "
+                "round's creates do not pay for the last round's deletes)",
+            )
         if name == "million":
             p.add_argument("--files", type=int, default=1_000_000)
             p.add_argument("--budget-fraction", type=float, default=0.5)

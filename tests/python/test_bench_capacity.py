@@ -7,6 +7,7 @@ errors), never how fast anything was: performance goes to docs/PERFORMANCE.md.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -131,28 +132,98 @@ def test_capacity_bench_steady_runs_the_tier_with_the_threads_asked_for(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-def test_capacity_bench_churn_measures_store_unlink_and_reuse_and_leaves_nothing(
+def _capacity_bench_script():
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "capacity_bench.py"
+    spec = importlib.util.spec_from_file_location("capacity_bench_under_test", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_churn_steps_store_reuse_in_place_and_unlink_real_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`capacity_bench.py churn`'s steps do what PERFORMANCE.md section 31 says: "store" makes
+    new block files, "reuse" turns each into another block's file in place (same inode, the
+    other block's bytes), "unlink" removes them."""
+    bench = _capacity_bench_script()
+    size = bench.block_file_bytes(64 << 10)
+    n = 6
+
+    stored = tmp_path / "stored"
+    stored.mkdir()
+    out = bench._churn_once(stored, 64 << 10, n, steps=("store",))
+    assert sorted(p.name for p in stored.iterdir()) == sorted(f"{i}.kvb" for i in range(n))
+    assert {p.stat().st_size for p in stored.iterdir()} == {size}
+    assert len({p.read_bytes() for p in stored.iterdir()}) == 1  # one block's bytes
+    assert set(out) == {"o_direct", "store_wall_s_per_gib", "store_cpu_s_per_gib"}
+
+    reused = tmp_path / "reused"
+    reused.mkdir()
+    inodes: dict[str, int] = {}
+    real_rename = os.rename
+
+    def remember_inode(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        if str(src).endswith(".kvb"):  # a stored block's file, about to be reused
+            inodes[str(src)] = os.stat(src, dir_fd=src_dir_fd).st_ino
+        real_rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    bench._churn_once(reused, 64 << 10, n, steps=("store",))
+    first = (reused / "0.kvb").read_bytes()
+    for p in reused.iterdir():
+        p.unlink()
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "rename", remember_inode)
+        bench._churn_once(reused, 64 << 10, n, steps=("store", "reuse"))
+    names = sorted(p.name for p in reused.iterdir())
+    assert names == sorted(f"{n + i}.kvb" for i in range(n))
+    for i in range(n):
+        st = (reused / f"{n + i}.kvb").stat()
+        assert st.st_ino == inodes[f"{i}.kvb"]  # the same file, not a new one
+        assert st.st_size == size
+    contents = {(reused / name).read_bytes() for name in names}
+    assert len(contents) == 1 and contents != {first}  # another block's bytes throughout
+
+    removed = tmp_path / "removed"
+    removed.mkdir()
+    out = bench._churn_once(removed, 64 << 10, n)
+    assert list(removed.iterdir()) == []
+    assert all(out[f"{s}_wall_s_per_gib"] > 0 for s in ("store", "reuse", "unlink"))
+
+
+def test_capacity_bench_churn_reports_each_step_and_the_bound_and_leaves_nothing(
     tmp_path: Path,
 ) -> None:
     """`capacity_bench.py churn`: per block size, the file system's seconds per GiB for each
-    step, the bound an unlinking full cache can reach, and nothing left under the root."""
+    step, the bound an unlinking full cache can reach, the run's parameters, and nothing
+    left under the root."""
     script = Path(__file__).resolve().parents[2] / "bench" / "capacity_bench.py"
     out = tmp_path / "churn.json"
     root = tmp_path / "root"
     root.mkdir()
     proc = subprocess.run(
         [sys.executable, str(script), "churn", "--root", str(root), "--files", "8",
-         "--repeat", "1", "--json", str(out)],
+         "--repeat", "1", "--pause", "0.01", "--json", str(out)],
         capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
-    assert list(result) == ["256 KiB", "2 MiB"]
-    for entry in result.values():
-        for step in ("store", "reuse", "unlink"):
-            assert entry[f"{step}_wall_s_per_gib"] > 0
-            assert entry[f"{step}_cpu_s_per_gib"] >= 0
-        store, unlink = entry["store_wall_s_per_gib"], entry["unlink_wall_s_per_gib"]
-        assert entry["unlink_bound_wall"] == pytest.approx(store / (store + unlink), abs=0.01)
-        assert 0 < entry["unlink_bound_wall"] < 1
+    assert (result["files"], result["repeat"], result["root"], result["pause_s"]) == (
+        8,
+        1,
+        str(root),
+        0.01,
+    )
+    for label in ("256 KiB", "2 MiB"):
+        entry = result[label]
+        for kind in ("wall", "cpu"):
+            store, unlink = entry[f"store_{kind}_s_per_gib"], entry[f"unlink_{kind}_s_per_gib"]
+            reuse = entry[f"reuse_{kind}_s_per_gib"]
+            assert entry[f"unlink_bound_{kind}"] == pytest.approx(
+                store / (store + unlink), abs=0.01
+            )
+            assert entry[f"store_over_reuse_{kind}"] == pytest.approx(store / reuse, rel=0.05)
+        assert entry["unlink_wall_s_per_gib"] > 0 and entry["reuse_wall_s_per_gib"] > 0
     assert list(root.iterdir()) == []
