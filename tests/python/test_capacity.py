@@ -201,6 +201,48 @@ def test_capacity_options_and_stats(tmp_path):
 # -- the budget ---------------------------------------------------------------------------
 
 
+def test_reporting_a_store_names_none_of_its_block_files_again(tmp_path, monkeypatch):
+    """get_finished runs on the engine's thread: a store's report uses the block files named
+    at its submit (capacity's finish_store, and the use of a block that was already there)
+    instead of hashing every key into a path again."""
+    t = Tier(tmp_path, max_bytes=64 << 20)
+    try:
+        assert t.store(1).success
+        path_of = t.tier.file_mapper.get_file_name
+        expected = path_of(key(1))
+        reporting = threading.Event()
+        named_while_reporting: list[bytes] = []
+        used: list[list[str]] = []
+
+        def counting_path_of(k):
+            if reporting.is_set():
+                named_while_reporting.append(k)
+            return path_of(k)
+
+        def reporting_get_finished(real=t.tier.get_finished):
+            reporting.set()
+            try:
+                return real()
+            finally:
+                reporting.clear()
+
+        real_record_use = t.tier._capacity.record_use
+        monkeypatch.setattr(t.tier.file_mapper, "get_file_name", counting_path_of)
+        monkeypatch.setattr(t.tier, "get_finished", reporting_get_finished)
+        monkeypatch.setattr(
+            t.tier._capacity,
+            "record_use",
+            lambda paths: (used.append(list(paths)), real_record_use(paths)),
+        )
+        assert t.store(2).success  # a new block
+        assert t.store(1).success  # already there: the store is its use
+        assert named_while_reporting == []
+        assert [expected] in used
+        assert t.stats()["dedup_skips"] == 1
+    finally:
+        t.close()
+
+
 def test_processes_storing_three_budgets_stay_within_it(tmp_path):
     """Four processes store 3x the budget at once; an independent sampler never sees more
     than max_bytes plus the stores in flight (a file renamed during a sample can be seen as

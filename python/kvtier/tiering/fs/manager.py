@@ -57,7 +57,9 @@ DRAIN_POLL_S = 0.05
 class _Job:
     is_load: bool
     keys: tuple[OffloadKey, ...]
-    admitted: bool = False  # a store that holds budget for its blocks (capacity)
+    # A store that holds budget for its blocks (capacity): their files, kept from the submit
+    # so that reporting it (get_finished, on the caller's thread) names none of them again.
+    admitted_paths: tuple[str, ...] | None = None
     epoch: int = 0  # the root's health epoch at submission (a timeout of older work is stale)
 
 
@@ -320,7 +322,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         with self._lock:
             job = self._jobs.get(job_id)
             if job is not None:
-                job.admitted = True
+                job.admitted_paths = tuple(b[0] for b in blocks)
         try:
             self._engine.submit_store(job_id, blocks)
         except BaseException:
@@ -406,15 +408,15 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
                 f"{c.error}",
                 job.epoch,
             )
-        if job is not None and job.admitted:
+        if job is not None and job.admitted_paths is not None:
             # The engine counts a block's payload in c.bytes only when it wrote a file (a key
             # already on disk is skipped): that many new files now hold budget. A new file's
             # mtime is its use; a block that was there already is used by this store.
             new_blocks = c.bytes // max(1, self._block_size_bytes)
-            path_of = self.file_mapper.get_file_name
-            self._capacity.finish_store(len(keys), new_blocks, [path_of(k) for k in keys])
+            paths = job.admitted_paths
+            self._capacity.finish_store(len(keys), new_blocks, list(paths))
             if new_blocks < len(keys):
-                self._capacity.record_use([path_of(k) for k, e in zip(keys, errnos) if e == 0])
+                self._capacity.record_use([p for p, e in zip(paths, errnos) if e == 0])
         ok_keys = [k for k, e in zip(keys, errnos) if e == 0]
         # Files that exist are worth remembering; a load that failed verification or found no
         # file means the block is gone (the core removed a corrupt file).
