@@ -46,6 +46,7 @@ import argparse
 import json
 import mmap
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -131,17 +132,23 @@ def evict_cost(args: argparse.Namespace) -> dict:
 CHURN_STEPS = ("store", "reuse", "unlink")
 
 
+def churn_bytes(size: int, which: int) -> bytes:
+    """The bytes "store" (0) and "reuse" (1) write: fixed, so that a test can check them."""
+    return random.Random(which).randbytes(size)
+
+
 def _churn_once(
     directory: Path, row: int, files: int, steps: tuple[str, ...] = CHURN_STEPS
 ) -> dict:
     """Run ``steps`` (in CHURN_STEPS' order) over ``files`` block files of a ``row``-byte
-    payload in ``directory``: "store" makes 0.kvb..; "reuse" turns each into files+i.kvb in
-    place, holding another block's bytes; "unlink" removes those. Seconds per GiB of file."""
+    payload in ``directory``: "store" makes 0.kvb.. holding churn_bytes(size, 0); "reuse"
+    turns each into files+i.kvb in place, holding churn_bytes(size, 1); "unlink" removes
+    those. Seconds per GiB of file."""
     size = block_file_bytes(row)
     # Page-aligned buffers, as O_DIRECT needs; a reused file gets another block's bytes.
     block, other = mmap.mmap(-1, size), mmap.mmap(-1, size)
-    block.write(os.urandom(size))
-    other.write(os.urandom(size))
+    block.write(churn_bytes(size, 0))
+    other.write(churn_bytes(size, 1))
     # kvtier's own probe (an aligned write, the created file removed whatever happens): a
     # file system without O_DIRECT is measured buffered, as kvtier falls back.
     direct = getattr(os, "O_DIRECT", 0) if _core.probe_o_direct(str(directory)) == "" else 0
@@ -150,7 +157,8 @@ def _churn_once(
     def write(name: str, flags: int, data: mmap.mmap) -> None:
         fd = os.open(name, os.O_WRONLY | flags | direct, 0o644, dir_fd=dfd)
         try:
-            os.pwrite(fd, data, 0)
+            if os.pwrite(fd, data, 0) != size:
+                raise OSError(f"churn: short write to {name} in {directory}")
         finally:
             os.close(fd)
 
@@ -198,11 +206,13 @@ def churn(args: argparse.Namespace) -> dict:
         "pause_s": args.pause,
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    first_round = True
     for row in (256 << 10, 2 << 20):
         rounds = []
         for _ in range(args.repeat):
-            if rounds or row != 256 << 10:
+            if not first_round:
                 time.sleep(args.pause)
+            first_round = False
             with scratch(args.root) as root:
                 rounds.append(_churn_once(root, row, args.files))
         med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0] if k != "o_direct"}

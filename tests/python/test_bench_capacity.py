@@ -7,7 +7,6 @@ errors), never how fast anything was: performance goes to docs/PERFORMANCE.md.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -142,54 +141,38 @@ def _capacity_bench_script():
     return module
 
 
-def test_churn_steps_store_reuse_in_place_and_unlink_real_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_churn_steps_store_reuse_in_place_and_unlink_real_files(tmp_path: Path) -> None:
     """`capacity_bench.py churn`'s steps do what PERFORMANCE.md section 31 says: "store" makes
     new block files, "reuse" turns each into another block's file in place (same inode, the
-    other block's bytes), "unlink" removes them."""
+    other block's bytes), "unlink" removes them; with O_DIRECT where kvtier's probe finds it."""
+    from kvtier import _core
+
     bench = _capacity_bench_script()
     size = bench.block_file_bytes(64 << 10)
+    stored_bytes, reused_bytes = bench.churn_bytes(size, 0), bench.churn_bytes(size, 1)
+    assert stored_bytes != reused_bytes
     n = 6
 
-    stored = tmp_path / "stored"
-    stored.mkdir()
-    out = bench._churn_once(stored, 64 << 10, n, steps=("store",))
-    assert sorted(p.name for p in stored.iterdir()) == sorted(f"{i}.kvb" for i in range(n))
-    assert {p.stat().st_size for p in stored.iterdir()} == {size}
-    assert len({p.read_bytes() for p in stored.iterdir()}) == 1  # one block's bytes
+    out = bench._churn_once(tmp_path, 64 << 10, n, steps=("store",))
+    assert out["o_direct"] == (_core.probe_o_direct(str(tmp_path)) == "")
     assert set(out) == {"o_direct", "store_wall_s_per_gib", "store_cpu_s_per_gib"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{i}.kvb" for i in range(n))
+    assert all(p.read_bytes() == stored_bytes for p in tmp_path.iterdir())
+    inodes = {i: (tmp_path / f"{i}.kvb").stat().st_ino for i in range(n)}
 
-    reused = tmp_path / "reused"
-    reused.mkdir()
-    inodes: dict[str, int] = {}
-    real_rename = os.rename
-
-    def remember_inode(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
-        if str(src).endswith(".kvb"):  # a stored block's file, about to be reused
-            inodes[str(src)] = os.stat(src, dir_fd=src_dir_fd).st_ino
-        real_rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
-
-    bench._churn_once(reused, 64 << 10, n, steps=("store",))
-    first = (reused / "0.kvb").read_bytes()
-    for p in reused.iterdir():
-        p.unlink()
-    with monkeypatch.context() as patch:
-        patch.setattr(os, "rename", remember_inode)
-        bench._churn_once(reused, 64 << 10, n, steps=("store", "reuse"))
-    names = sorted(p.name for p in reused.iterdir())
+    bench._churn_once(tmp_path, 64 << 10, n, steps=("reuse",))
+    names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted(f"{n + i}.kvb" for i in range(n))
     for i in range(n):
-        st = (reused / f"{n + i}.kvb").stat()
-        assert st.st_ino == inodes[f"{i}.kvb"]  # the same file, not a new one
-        assert st.st_size == size
-    contents = {(reused / name).read_bytes() for name in names}
-    assert len(contents) == 1 and contents != {first}  # another block's bytes throughout
+        reused = tmp_path / f"{n + i}.kvb"
+        assert reused.stat().st_ino == inodes[i]  # the stored file itself, not a new one
+        assert reused.read_bytes() == reused_bytes  # overwritten whole
 
-    removed = tmp_path / "removed"
-    removed.mkdir()
-    out = bench._churn_once(removed, 64 << 10, n)
-    assert list(removed.iterdir()) == []
+    bench._churn_once(tmp_path, 64 << 10, n, steps=("unlink",))
+    assert list(tmp_path.iterdir()) == []
+
+    out = bench._churn_once(tmp_path, 64 << 10, n)
+    assert list(tmp_path.iterdir()) == []
     assert all(out[f"{s}_wall_s_per_gib"] > 0 for s in ("store", "reuse", "unlink"))
 
 

@@ -202,7 +202,7 @@ def test_capacity_options_and_stats(tmp_path):
 
 
 def test_reporting_a_store_names_none_of_its_block_files_again(tmp_path, monkeypatch):
-    """get_finished runs on the engine's thread: a store's report uses the block files named
+    """get_finished runs on the caller's thread: a store's report uses the block files named
     at its submit (capacity's finish_store, and the use of a block that was already there)
     instead of hashing every key into a path again."""
     t = Tier(tmp_path, max_bytes=64 << 20)
