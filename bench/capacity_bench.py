@@ -60,7 +60,6 @@ from pathlib import Path
 import numpy as np
 from kvtier import _core
 from kvtier.bench import capacity
-from kvtier.bench.config import format_size as block_label
 from kvtier.tiering.fs.capacity import block_file_bytes, format_size, parse_size
 from kvtier.tiering.fs.capacity.evictor import evict
 from kvtier.tiering.fs.capacity.ledger import UsageLedger
@@ -223,8 +222,8 @@ def churn(args: argparse.Namespace) -> dict:
             med[f"store_over_reuse_{kind}"] = store / reuse
         entry = {k: round(v, 3) for k, v in med.items()}
         entry["o_direct"] = all(r["o_direct"] for r in rounds)
-        out[block_label(row)] = entry
-        print(json.dumps({block_label(row): entry}))
+        out[format_size(row)] = entry
+        print(json.dumps({format_size(row): entry}))
     return out
 
 

@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtier.bench.config import format_size, parse_size
+from kvtier.bench.config import parse_size
 from kvtier.bench.errors import BenchError
 from kvtier.bench.primary import PRIMARY_LAYOUTS, PrimaryMemory
 from kvtier.bench.workload import (
@@ -64,6 +64,7 @@ from kvtier.bench.workload import (
 )
 from kvtier.tiering.base import JobMetadata, ReqContext
 from kvtier.tiering.factory import SecondaryTierFactory
+from kvtier.tiering.fs.capacity import format_size
 from kvtier.tiering.spec import OffloadingSpec
 
 DEFAULT_TIERS = ("kvtier-psync=kvtier:psync", "kvtier-uring=kvtier:io_uring", "vllm=vllm")

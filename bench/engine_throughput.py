@@ -27,9 +27,10 @@ from pathlib import Path
 
 from kvtier import _core
 from kvtier.bench.ceiling import fio_available, run_fio
-from kvtier.bench.config import GiB, format_size, parse_block_sizes, parse_size
+from kvtier.bench.config import GiB, parse_block_sizes, parse_size
 from kvtier.bench.errors import BenchError
 from kvtier.bench.workload import PrimaryMemory
+from kvtier.tiering.fs.capacity import format_size
 
 POLL_S = 0.001
 

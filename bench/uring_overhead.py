@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 
 from kvtier import _core
-from kvtier.bench.config import GiB, format_size, parse_size
+from kvtier.bench.config import GiB, parse_size
 from kvtier.bench.workload import PrimaryMemory
+from kvtier.tiering.fs.capacity import format_size
 
 BLOCKS_PER_JOB = 8
 DIRECTORIES = 64

@@ -21,11 +21,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvtier.bench.config import format_size, parse_block_sizes, parse_size
+from kvtier.bench.config import parse_block_sizes, parse_size
 from kvtier.bench.interference import measure_interference
 from kvtier.bench.latency import measure_latency
 from kvtier.bench.throughput import measure_throughput
 from kvtier.bench.workload import KvtierDriver, PrimaryMemory
+from kvtier.tiering.fs.capacity import format_size
 
 
 def one_run(root: Path, primary: PrimaryMemory, nice: int, args) -> dict:

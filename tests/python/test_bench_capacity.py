@@ -59,7 +59,7 @@ def test_max_bytes_the_root_cannot_hold_twice_is_refused_before_measuring(
     tmp_path: Path,
 ) -> None:
     proc = bench("--root", tmp_path, *TINY, "--max-bytes", "1PiB")
-    assert_one_line_error(proc, "--max-bytes 1048576 GiB", "free")
+    assert_one_line_error(proc, "--max-bytes 1024 TiB", "free")
     assert list(tmp_path.iterdir()) == []  # the scratch directory is gone again
     assert "Throughput" not in proc.stdout  # nothing was measured
 

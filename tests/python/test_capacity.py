@@ -1089,7 +1089,7 @@ def test_a_store_held_by_the_free_space_floor_says_so(tmpfs_mount, monkeypatch, 
         for r in refused:
             assert not r.success
             assert "free space stayed below min_free_fraction 0.5" in r.error, r.error
-            assert "the floor is 4.0 MiB" in r.error, r.error
+            assert "the floor is 4 MiB" in r.error, r.error
             assert "byte budget" not in r.error, r.error
         warnings = [m for m in caplog.messages if "free space on the volume" in m]
         assert len(warnings) == 1, warnings

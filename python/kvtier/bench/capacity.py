@@ -31,11 +31,11 @@ from typing import TextIO
 
 import numpy as np
 
-from kvtier.bench.config import BenchConfig, GiB, MiB, format_size
+from kvtier.bench.config import BenchConfig, GiB, MiB
 from kvtier.bench.errors import BenchError
 from kvtier.bench.progress import Progress
 from kvtier.tiering.base import JobMetadata, OffloadKey, ReqContext, make_offload_key
-from kvtier.tiering.fs.capacity import block_file_bytes
+from kvtier.tiering.fs.capacity import block_file_bytes, format_size
 from kvtier.tiering.fs.manager import FileSystemTierManager
 from kvtier.tiering.spec import OffloadingSpec
 

@@ -61,15 +61,6 @@ def parse_block_sizes(text: str) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def format_size(n: int) -> str:
-    """256 KiB, 2 MiB, 1.5 GiB: the shortest exact-ish binary form."""
-    for unit, factor in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= factor:
-            value = n / factor
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{n} B"
-
-
 @dataclass(frozen=True)
 class BenchConfig:
     """One run of `kvtier bench`.

@@ -31,7 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvtier.bench.config import GiB, format_size
+from kvtier.bench.config import GiB
+from kvtier.tiering.fs.capacity import format_size
 
 SUPPORTED = "SGLang 0.5.23"
 # The page geometry of a Llama-3-8B-like model (32 layers, 8 KV heads of 128, bf16): 128 KiB

@@ -8,9 +8,10 @@ import textwrap
 from pathlib import Path
 
 from kvtier.bench.ceiling import BASIC_CEILINGS, CEILINGS
-from kvtier.bench.config import NOISY_RATIO, TIER_OPTION_FLAGS, format_size
+from kvtier.bench.config import NOISY_RATIO, TIER_OPTION_FLAGS
 from kvtier.bench.machine import describe_short
 from kvtier.bench.primary import PRIMARY_LAYOUT_TEXT
+from kvtier.tiering.fs.capacity import format_size
 
 
 def _f(value: float | None, fmt: str = "{:.2f}") -> str:

@@ -25,7 +25,7 @@ from kvtier.bench.ceiling import (
     run_fio_load,
     write_load_layout,
 )
-from kvtier.bench.config import MIN_BLOCKS, NOISY_RATIO, BenchConfig, MiB, format_size
+from kvtier.bench.config import MIN_BLOCKS, NOISY_RATIO, BenchConfig, MiB
 from kvtier.bench.errors import BenchError
 from kvtier.bench.interference import measure_interference
 from kvtier.bench.latency import hot_set_size, measure_latency
@@ -40,6 +40,7 @@ from kvtier.bench.workload import (
     TierDriver,
     kvtier_factory,
 )
+from kvtier.tiering.fs.capacity import format_size
 from kvtier.tiering.fs.engine import io_uring_refusal
 
 THROUGHPUT = "store/load throughput"

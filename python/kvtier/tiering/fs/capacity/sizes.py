@@ -58,11 +58,14 @@ def parse_size(value: Any) -> int:
 
 
 def format_size(n: int) -> str:
-    """``n`` bytes for people, in binary units (``1.5 GiB``)."""
+    """``n`` bytes for people, in binary units: ``256 KiB``, ``1.5 GiB`` (whole values without
+    a decimal). The one formatter of every command, message and benchmark report."""
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+            if unit == "B":
+                return f"{int(value)} B"
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
 
