@@ -213,7 +213,11 @@ KV_TEST(store_first_worker_serves_a_store_behind_a_load_flood) {
     ++loads_before;
   }
   std::printf("  %zu of %d loads completed before the store\n", loads_before, kLoads);
-  CHECK_MSG(loads_before < kLoads / 2, "the store waited behind the load flood");
+  // Starved, the store comes after all 400. Served, it comes after 2-9, also beside two
+  // busy loops and a direct-I/O writer. Once, in a CI run while other tests loaded the same
+  // 2-CPU machine, it came after 206 (the store's file creation stalled; not traced), so the
+  // bound sits at three quarters of the flood, clear of both.
+  CHECK_MSG(loads_before < kLoads * 3 / 4, "the store waited behind the load flood");
 }
 
 KV_TEST(load_overtakes_store_backlog_1r_1w_cap2) {
