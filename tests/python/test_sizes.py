@@ -10,7 +10,7 @@ from kvtier.bench.config import parse_size as bench_size
 from kvtier.bench.errors import BenchError
 from kvtier.cli import _build_parser
 from kvtier.gpu.options import GPUTransferOptions
-from kvtier.tiering.fs.capacity.sizes import parse_size
+from kvtier.tiering.fs.capacity.sizes import format_size, parse_size
 from kvtier.tiering.fs.options import FsTierOptions
 
 GRAMMAR = [
@@ -79,3 +79,24 @@ def test_staging_sizes_of_gpu_transfers_read_the_same_grammar(tmp_path) -> None:
     assert (options.staging_buffer_bytes, options.staging_bytes_total) == (2 << 20, 64 << 20)
     with pytest.raises(ValueError, match="staging_buffer_bytes"):
         GPUTransferOptions.parse({"root_dir": str(tmp_path), "staging_buffer_bytes": "2MB"})
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1 KiB"),
+        (256 << 10, "256 KiB"),
+        ((4 << 20) + 1, "4.0 MiB"),  # not a whole MiB: a decimal says so
+        ((2 << 20) + 4096, "2.0 MiB"),
+        (3 << 29, "1.5 GiB"),
+        (1 << 40, "1 TiB"),
+        (1 << 50, "1024 TiB"),  # no unit above TiB
+        (-1536, "-1.5 KiB"),
+    ],
+)
+def test_sizes_are_written_the_same_way_everywhere(n: int, text: str) -> None:
+    """One formatter (kvtier du and gc, refusals, kvtier bench): whole units without a
+    decimal, anything else with one."""
+    assert format_size(n) == text

@@ -58,8 +58,9 @@ def parse_size(value: Any) -> int:
 
 
 def format_size(n: int) -> str:
-    """``n`` bytes for people, in binary units: ``256 KiB``, ``1.5 GiB`` (whole values without
-    a decimal). The one formatter of every command, message and benchmark report."""
+    """``n`` bytes for people, in binary units: ``256 KiB``, ``1.5 GiB``. A whole number of
+    the unit has no decimal; anything else has one, so 4 MiB + 1 byte reads ``4.0 MiB``. The
+    formatter of every command, message and `kvtier bench` report."""
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
