@@ -175,10 +175,10 @@ def _churn_once(
 
     gib = files * size / 2**30
     out: dict = {"o_direct": bool(direct)}
+    step_of = {"store": store, "reuse": reuse, "unlink": unlink}
     try:
-        for name, step in (("store", store), ("reuse", reuse), ("unlink", unlink)):
-            if name not in steps:
-                continue
+        for name in (n for n in CHURN_STEPS if n in steps):
+            step = step_of[name]
             # Untimed: the last step's writeback (none with O_DIRECT but metadata) is not
             # charged to this one.
             os.sync()

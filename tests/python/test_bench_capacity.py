@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 TIMEOUT_S = 300
+CAPACITY_BENCH = Path(__file__).resolve().parents[2] / "bench" / "capacity_bench.py"
 TINY = [
     "--sizes", "64K",
     "--total", "1M",
@@ -117,10 +118,9 @@ def test_a_steady_run_with_leaf_dirs_stores_beside_every_leaf_directory(tmp_path
 def test_capacity_bench_steady_runs_the_tier_with_the_threads_asked_for(tmp_path: Path) -> None:
     """`capacity_bench.py steady --threads 1`: both runs of each pair use a tier of one read
     and one write thread (what leaves eviction a CPU of its own on a small machine)."""
-    script = Path(__file__).resolve().parents[2] / "bench" / "capacity_bench.py"
     proc = subprocess.run(
-        [sys.executable, str(script), "steady", "--root", str(tmp_path), "--budget", "32MiB",
-         "--total", "8MiB", "--repeat", "1", "--threads", "1"],
+        [sys.executable, str(CAPACITY_BENCH), "steady", "--root", str(tmp_path),
+         "--budget", "32MiB", "--total", "8MiB", "--repeat", "1", "--threads", "1"],
         capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -134,8 +134,7 @@ def test_capacity_bench_steady_runs_the_tier_with_the_threads_asked_for(tmp_path
 def _capacity_bench_script():
     import importlib.util
 
-    script = Path(__file__).resolve().parents[2] / "bench" / "capacity_bench.py"
-    spec = importlib.util.spec_from_file_location("capacity_bench_under_test", script)
+    spec = importlib.util.spec_from_file_location("capacity_bench_under_test", CAPACITY_BENCH)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -182,12 +181,11 @@ def test_capacity_bench_churn_reports_each_step_and_the_bound_and_leaves_nothing
     """`capacity_bench.py churn`: per block size, the file system's seconds per GiB for each
     step, the bound an unlinking full cache can reach, the run's parameters, and nothing
     left under the root."""
-    script = Path(__file__).resolve().parents[2] / "bench" / "capacity_bench.py"
     out = tmp_path / "churn.json"
     root = tmp_path / "root"
     root.mkdir()
     proc = subprocess.run(
-        [sys.executable, str(script), "churn", "--root", str(root), "--files", "8",
+        [sys.executable, str(CAPACITY_BENCH), "churn", "--root", str(root), "--files", "8",
          "--repeat", "1", "--pause", "0.01", "--json", str(out)],
         capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
     )  # fmt: skip
