@@ -94,15 +94,17 @@ py::dict engine_limits() {
   return out;
 }
 
-// blocks: a sequence of (path, key, address, length) tuples; path is str or os.PathLike.
+// blocks: a sequence of (path, key, address, length) tuples, or of stores' (path, key,
+// address, length, recycle) tuples (BlockOp::recycle: a file kept by eviction for reuse, or
+// None); paths are str or os.PathLike.
 std::vector<kvtier::BlockOp> blocks_from_python(const py::sequence& blocks) {
   std::vector<kvtier::BlockOp> ops;
   ops.reserve(blocks.size());
   py::object fspath = py::module_::import("os").attr("fspath");
   for (const py::handle item : blocks) {
     auto t = py::reinterpret_borrow<py::sequence>(item);
-    if (t.size() != 4)
-      throw std::invalid_argument("each block must be (path, key, address, length)");
+    if (t.size() != 4 && t.size() != 5)
+      throw std::invalid_argument("each block must be (path, key, address, length[, recycle])");
     kvtier::BlockOp op;
     op.path = fspath(t[0]).cast<std::string>();
     const py::object key = t[1];
@@ -114,6 +116,7 @@ std::vector<kvtier::BlockOp> blocks_from_python(const py::sequence& blocks) {
     const auto length = t[3].cast<long long>();
     if (length < 0) throw std::invalid_argument("block length must not be negative");
     op.length = static_cast<std::size_t>(length);
+    if (t.size() == 5 && !t[4].is_none()) op.recycle = fspath(t[4]).cast<std::string>();
     ops.push_back(std::move(op));
   }
   return ops;
@@ -248,7 +251,9 @@ void def_engine_methods(py::class_<PyEngine>& engine) {
             submit(e, id, kvtier::Direction::kStore, blocks);
           },
           "job_id"_a, "blocks"_a,
-          "Queue a store of (path, key, address, length) blocks; returns at once.")
+          "Queue a store of (path, key, address, length[, recycle]) blocks; recycle names a file "
+          "eviction kept for reuse (unlink_unchanged_files' recycled paths) or is None. "
+          "Returns at once.")
       .def(
           "submit_load",
           [](PyEngine& e, kvtier::JobId id, const py::sequence& blocks) {

@@ -209,7 +209,8 @@ void register_functions(py::module_& m) {
   m.def(
       "unlink_unchanged_files",
       [](const py::sequence& path_objects, const std::vector<std::pair<std::int64_t, long>>& mtimes,
-         const py::object& root_object, bool dry_run) -> py::tuple {
+         const py::object& root_object, bool dry_run, std::uint64_t recycle_size,
+         std::size_t recycle_files, const py::object& recycle_below) -> py::tuple {
         // Paths as os.fsencode spells them: a scanned directory whose name is not UTF-8 (str
         // with surrogate escapes) is still a path the evictor must reach. One tuple, held
         // throughout: a sequence may make its items on demand.
@@ -221,8 +222,11 @@ void register_functions(py::module_& m) {
         paths.reserve(items.size());
         for (const py::handle path : items) paths.push_back(fs_path(path));
         const std::string root_dir = fs_path(root_object);
+        const std::string below = recycle_below.is_none() ? "" : fs_path(recycle_below);
+        if (recycle_files > 0 && root_dir.empty())
+          throw std::invalid_argument("unlink_unchanged_files: recycling needs root_dir");
         if (paths.empty() && mtimes.empty())
-          return py::make_tuple(py::list(), py::none());  // nothing to open
+          return py::make_tuple(py::list(), py::none(), py::list());  // nothing to open
         std::vector<timespec> when(mtimes.size());
         for (std::size_t i = 0; i < mtimes.size(); ++i)
           when[i] = {static_cast<time_t>(mtimes[i].first), mtimes[i].second};
@@ -234,29 +238,41 @@ void register_functions(py::module_& m) {
         kvtier::UnlinkedFiles done;
         {
           GilReleased released;  // the unlink threads hand the GIL over once a batch
-          done = kvtier::unlink_unchanged_files(root_dir, paths, when, dry_run);
+          done = kvtier::unlink_unchanged_files(root_dir, paths, when, dry_run,
+                                                {recycle_size, recycle_files, below});
         }
         py::object error = py::none();
         if (done.error != 0)  // e.g. "[Errno 13] Permission denied (unlink): '<path>'"
           error =
               os_error(done.error, done.operation,
                        done.root_failed ? root_object : py::object(items[done.outcomes.size()]));
-        return py::make_tuple(done.outcomes, error);
+        return py::make_tuple(done.outcomes, error, done.recycled);
       },
-      "paths"_a, "mtimes"_a, "root_dir"_a = "", "dry_run"_a = false,
+      "paths"_a, "mtimes"_a, "root_dir"_a = "", "dry_run"_a = false, "recycle_size"_a = 0,
+      "recycle_files"_a = 0, "recycle_below"_a = py::none(),
       "Unlink each path (str, bytes or os.PathLike, as os functions take them) that lstat "
       "shows a regular file of mtime mtimes[i], a (seconds, nanoseconds) pair "
       "(divmod(st_mtime_ns, 10**9)); "
-      "GIL released. Returns (outcomes, error): per path handled, the bytes freed, "
+      "GIL released. Returns (outcomes, error, recycled): per path handled, the bytes freed, "
       "UNLINK_KEPT (left: not a regular file, a link, or used since), UNLINK_GONE (nothing "
-      "there) or UNLINK_DENIED (the unlink failed with EACCES or EPERM; the walk goes on); error "
+      "there), UNLINK_DENIED (the unlink failed with EACCES or EPERM; the walk goes on) or "
+      "UNLINK_RECYCLED (kept for reuse, below); error "
       "is None or the OSError (with the path and the failed call) that stopped "
       "the walk at paths[len(outcomes)]. With root_dir, paths are reached from it without "
-      "following links below it. Unless dry_run, raises the audit event "
+      "following links below it, and up to recycle_files files of exactly recycle_size bytes "
+      "with one link, owned by this user (and below the directory recycle_below, if given), "
+      "are renamed to tmp file names instead of unlinked: "
+      "recycled lists those names, for stores to overwrite (the 5th item of a store's block). "
+      "Unless dry_run, raises the audit event "
       "kvtier.unlink_unchanged_files with (paths, root_dir) first.");
   m.attr("UNLINK_KEPT") = kvtier::kKeptFile;
   m.attr("UNLINK_GONE") = kvtier::kGoneFile;
   m.attr("UNLINK_DENIED") = kvtier::kDeniedFile;
+  m.attr("UNLINK_RECYCLED") = kvtier::kRecycledFile;
+  m.def("local_file_system", &kvtier::local_file_system, "path"_a, py::call_guard<GilReleased>(),
+        "Whether path lies on a file system of this host's kernel alone (ext2/3/4, XFS, "
+        "btrfs, F2FS, tmpfs, ramfs), where every later lookup sees a rename at once; False for "
+        "network and FUSE file systems and when statfs fails. GIL released.");
   m.def(
       "buffer_address",
       [](const py::buffer& buffer, bool writable) {

@@ -266,7 +266,8 @@ def _gc_work(
         found = survey(root, need + (policy.max_bytes or 0) // 20)
     progress = {"files": 0, "bytes": 0}
 
-    def batch(paths: list[str], nbytes: int) -> None:
+    def batch(paths: list[str], nbytes: int, recycled: list[str]) -> None:
+        # gc asks evict() to keep nothing for reuse: every file is unlinked (recycled is [])
         if ledger is not None:
             ledger.subtract(nbytes)
         progress["files"] += len(paths)

@@ -694,3 +694,232 @@ KV_TEST(concurrent_writers_of_one_key_processes) {
 }
 
 static const WriterMode kWriterMode;
+
+namespace {
+
+ino_t inode_of(const std::string& path) {
+  struct stat st{};
+  CHECK_EQ(::lstat(path.c_str(), &st), 0);
+  return st.st_ino;
+}
+
+// Evicts the block file at `path` keeping it for reuse; returns the path it was renamed to.
+std::string recycle_one(const TempDir& dir, const std::string& path, std::uint64_t file_size) {
+  struct stat st{};
+  CHECK_EQ(::lstat(path.c_str(), &st), 0);
+  const kvtier::UnlinkedFiles done =
+      kvtier::unlink_unchanged_files(dir.path(), {path}, {st.st_mtim}, false, {file_size, 1, ""});
+  CHECK_EQ(done.error, 0);
+  CHECK_EQ(done.outcomes.size(), std::size_t{1});
+  CHECK_EQ(done.outcomes[0], kvtier::kRecycledFile);
+  CHECK_EQ(done.recycled.size(), std::size_t{1});
+  CHECK(!kvtest::file_exists(path));
+  CHECK_EQ(inode_of(done.recycled[0]), st.st_ino);
+  return done.recycled[0];
+}
+
+}  // namespace
+
+KV_TEST(a_store_overwrites_the_file_eviction_kept_for_it) {
+  // Eviction renames a block file to a tmp name instead of unlinking it; a store that names
+  // it (BlockOp::recycle) writes into that very inode, under its own key and path, and every
+  // byte of it is the new block's. A file kept for reuse that does not fit the store (another
+  // size) or is gone is no failure: the store creates a new file, and the kept one is removed.
+  TempDir dir;
+  const std::size_t length = 3 * 4096 + 100;  // a partial last page: padded on every path
+  const std::uint64_t file_size = kvtier::kHeaderSize + kvtier::align_up(length);
+  int job = 0;
+  for (ODirectMode mode : o_direct_modes(dir)) {
+    EngineConfig config = kvtest::engine_config(dir, mode);
+    config.set_checksum(kvtier::Checksum::kCrc32c);
+    config.set_file_mode(0640);
+    Engine engine(config);
+    const std::string sub = dir / name(mode);
+    const auto old_bytes = kvtest::pattern(length, 1);
+    const auto new_bytes = kvtest::pattern(length, 2);
+    CHECK(kvtest::store(engine, ++job, sub + "/a/old", "old", old_bytes.data(), length).success);
+    CHECK_EQ(::chmod((sub + "/a/old").c_str(), 0600), 0);  // the store makes file_mode exact
+    const ino_t old_inode = inode_of(sub + "/a/old");
+    const std::string spare = recycle_one(dir, sub + "/a/old", file_size);
+
+    kvtier::BlockOp op =
+        kvtest::block(sub + "/b/new", "new", const_cast<unsigned char*>(new_bytes.data()), length);
+    op.recycle = spare;
+    const Completion s = kvtest::run_job(engine, ++job, Direction::kStore, {op});
+    CHECK_MSG(s.success, describe(s));
+    CHECK_EQ(s.bytes, std::uint64_t{length});
+    CHECK_EQ(inode_of(sub + "/b/new"), old_inode);
+    CHECK(!kvtest::file_exists(spare));
+    struct stat st{};
+    CHECK_EQ(::stat((sub + "/b/new").c_str(), &st), 0);
+    CHECK_EQ(st.st_mode & 07777, mode_t{0640});
+    CHECK_EQ(static_cast<std::uint64_t>(st.st_size), file_size);
+    Memory back(length, 0);
+    const Completion l = kvtest::load(engine, ++job, sub + "/b/new", "new", back.data(), length);
+    CHECK_MSG(l.success, describe(l));
+    CHECK(back.equals(new_bytes));
+
+    // A kept file of another size: removed, and the store writes a new file.
+    const auto small = kvtest::pattern(100, 3);
+    CHECK(kvtest::store(engine, ++job, sub + "/a/small", "small", small.data(), 100).success);
+    const ino_t small_inode = inode_of(sub + "/a/small");
+    // Held open, so that its inode number cannot be given to the new file once it is removed.
+    const int held = ::open((sub + "/a/small").c_str(), O_RDONLY | O_CLOEXEC);
+    CHECK(held >= 0);
+    const std::string odd = recycle_one(dir, sub + "/a/small", kvtier::kHeaderSize + 4096);
+    op = kvtest::block(sub + "/b/other", "other", const_cast<unsigned char*>(new_bytes.data()),
+                       length);
+    op.recycle = odd;
+    const Completion s2 = kvtest::run_job(engine, ++job, Direction::kStore, {op});
+    CHECK_MSG(s2.success, describe(s2));
+    CHECK(inode_of(sub + "/b/other") != small_inode);
+    CHECK(!kvtest::file_exists(odd));
+    struct stat gone{};
+    CHECK(::fstat(held, &gone) == 0 && gone.st_nlink == 0);  // removed, not left behind
+    ::close(held);
+
+    // A kept file that is gone already (a sweep removed it): a new file.
+    op = kvtest::block(sub + "/b/third", "third", const_cast<unsigned char*>(new_bytes.data()),
+                       length);
+    op.recycle = sub + "/a/none.tmp";
+    const Completion s3 = kvtest::run_job(engine, ++job, Direction::kStore, {op});
+    CHECK_MSG(s3.success, describe(s3));
+
+    // A store that finds its block there already (a dedup) removes the kept file too.
+    CHECK(kvtest::store(engine, ++job, sub + "/a/old2", "old2", old_bytes.data(), length).success);
+    const std::string spare2 = recycle_one(dir, sub + "/a/old2", file_size);
+    op = kvtest::block(sub + "/b/new", "new", const_cast<unsigned char*>(new_bytes.data()), length);
+    op.recycle = spare2;
+    const Completion s4 = kvtest::run_job(engine, ++job, Direction::kStore, {op});
+    CHECK_MSG(s4.success && s4.bytes == 0, describe(s4));  // a dedup moves no bytes
+    CHECK(!kvtest::file_exists(spare2));
+    CHECK(kvtest::tmp_files_below(dir.path()).empty());
+
+    // Only a store recycles: a load that names a file is refused before anything is queued.
+    Memory sink(length, 0);
+    kvtier::BlockOp bad = kvtest::block(sub + "/b/new", "new", sink.data(), length);
+    bad.recycle = sub + "/a/x.tmp";
+    bool refused = false;
+    try {
+      engine.submit(++job, Direction::kLoad, {bad});
+    } catch (const std::invalid_argument&) {
+      refused = true;
+    }
+    CHECK(refused);
+  }
+}
+
+KV_TEST(eviction_keeps_only_files_a_store_can_take_whole) {
+  // Of the files eviction would unlink, it keeps (renames) at most max_files, and only
+  // regular files of exactly file_size bytes with one link owned by this user, below the
+  // directory asked for; the others go.
+  TempDir dir;
+  const std::uint64_t size = 8192;
+  auto make = [&](const std::string& rel, std::uint64_t bytes) {
+    const std::string path = dir / rel;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    std::ofstream(path) << std::string(bytes, 'x');
+    return path;
+  };
+  const std::string fits1 = make("d/fits1", size), fits2 = make("d/fits2", size),
+                    fits3 = make("d/fits3", size), other = make("d/other", size + 1),
+                    linked = make("d/linked", size), foreign = make("d/foreign", size),
+                    outside = make("e/outside", size);
+  CHECK_EQ(::link(linked.c_str(), (dir / "d/second-link").c_str()), 0);
+  CHECK_EQ(::chown(foreign.c_str(), 65534, 65534), 0);
+  std::vector<std::string> paths{outside, other, linked, foreign, fits1, fits2, fits3};
+  std::vector<timespec> mtimes;
+  for (const auto& p : paths) {
+    struct stat st{};
+    CHECK_EQ(::lstat(p.c_str(), &st), 0);
+    mtimes.push_back(st.st_mtim);
+  }
+  const kvtier::UnlinkedFiles done =
+      kvtier::unlink_unchanged_files(dir.path(), paths, mtimes, false, {size, 2, dir / "d"});
+  CHECK_EQ(done.error, 0);
+  const std::vector<std::int64_t> expected{
+      std::int64_t(size),    std::int64_t(size + 1), std::int64_t(size), std::int64_t(size),
+      kvtier::kRecycledFile, kvtier::kRecycledFile,  std::int64_t(size)};
+  CHECK(done.outcomes == expected);
+  CHECK_EQ(done.recycled.size(), std::size_t{2});
+  for (const auto& p : paths) CHECK(!kvtest::file_exists(p));
+  for (const auto& spare : done.recycled) {
+    CHECK_EQ(kvtest::file_size(spare), off_t(size));
+    CHECK_EQ(std::filesystem::path(spare).parent_path().string(), dir / "d");
+    CHECK(std::filesystem::path(spare).filename().string().size() > 6);
+  }
+  CHECK_EQ(kvtest::tmp_files_below(dir.path()).size(), std::size_t{2});
+  // Nothing kept in a dry run, and nothing without a root to find the directory from.
+  const std::string more = make("d/more", size);
+  struct stat st{};
+  CHECK_EQ(::lstat(more.c_str(), &st), 0);
+  const kvtier::UnlinkedFiles dry =
+      kvtier::unlink_unchanged_files(dir.path(), {more}, {st.st_mtim}, true, {size, 1, ""});
+  CHECK(dry.recycled.empty() && dry.outcomes == std::vector<std::int64_t>{std::int64_t(size)});
+  const kvtier::UnlinkedFiles unrooted =
+      kvtier::unlink_unchanged_files("", {more}, {st.st_mtim}, false, {size, 1, ""});
+  CHECK(unrooted.recycled.empty() && !kvtest::file_exists(more));
+}
+
+namespace {
+
+// Whether some thread of this process waits in a userfaultfd fault (a Gate holds it).
+bool a_thread_waits_on_a_gate() {
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream wchan(task.path() / "wchan");
+    std::string where;
+    if (std::getline(wchan, where) && where == "handle_userfault") return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+KV_TEST(a_load_that_reads_a_file_recycled_under_it_fails_its_checksum) {
+  // What recycling risks, on the engine's own load path: a load opened a block's file and
+  // read its header; before it reads the payload, eviction keeps the file and a store
+  // overwrites it with another block. The load then holds this block's header (its CRC) and
+  // the other block's payload: a failed block, never wrong bytes, and the other block's file,
+  // now at another path, is left alone. The psync engine fails the checksum (EBADMSG);
+  // io_uring reruns a block that fails its checks through the psync code, whose open then
+  // finds no file at the path (ENOENT): a miss either way.
+  TempDir dir;
+  EngineConfig config = kvtest::gated_config(dir, ODirectMode::kOff, 1, 1);
+  config.set_checksum(kvtier::Checksum::kCrc32c);
+  Engine engine(config);
+  const std::size_t length = 8 * 4096;
+  const std::uint64_t file_size = kvtier::kHeaderSize + length;
+  const auto old_bytes = kvtest::pattern(length, 5);
+  const auto new_bytes = kvtest::pattern(length, 6);
+  const std::string old_path = dir / "a/old", new_path = dir / "b/new";
+  CHECK(kvtest::store(engine, 1, old_path, "old", old_bytes.data(), length).success);
+
+  kvtest::Gate gate(dir / "gate");                  // after the engine (see Gate)
+  kvtier::BlockOp load = gate.op(nullptr, length);  // the destination is the gated memory
+  load.path = old_path;
+  load.key = "old";
+  engine.submit(2, Direction::kLoad, {load});
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!a_thread_waits_on_a_gate()) {
+    CHECK_MSG(std::chrono::steady_clock::now() < until, "the load never reached the gate");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const std::string spare = recycle_one(dir, old_path, file_size);
+  kvtier::BlockOp store =
+      kvtest::block(new_path, "new", const_cast<unsigned char*>(new_bytes.data()), length);
+  store.recycle = spare;
+  const Completion stored = kvtest::run_job(engine, 3, Direction::kStore, {store});
+  CHECK_MSG(stored.success, describe(stored));
+  gate.release();
+  std::vector<Completion> out;
+  kvtest::pop_exactly(engine, 1, out);
+  const Completion& l = out[0];
+  std::printf("  the torn load: %s\n", describe(l).c_str());
+  CHECK(!l.success);
+  CHECK_MSG(l.block_errnos[0] == EBADMSG || l.block_errnos[0] == ENOENT, describe(l));
+  CHECK(!kvtest::file_exists(old_path));
+  Memory back(length, 0);
+  const Completion again = kvtest::load(engine, 4, new_path, "new", back.data(), length);
+  CHECK_MSG(again.success, describe(again));
+  CHECK(back.equals(new_bytes));
+}

@@ -708,7 +708,7 @@ reported = []
 with ThreadPoolExecutor(4) as pool:
     try:
         evict(survey(root, 1 << 62).candidates, 1 << 62, workers=4, pool=pool, root=root,
-              on_batch=lambda paths, nbytes: reported.extend(paths))
+              on_batch=lambda paths, nbytes, recycled: reported.extend(paths))
         print(json.dumps({"raised": None, "reported": reported}))
     except PermissionError as e:
         print(json.dumps({"raised": str(e), "reported": reported}))
@@ -753,7 +753,7 @@ def test_a_block_this_process_may_not_remove_is_kept_and_eviction_goes_on(tmp_pa
             1 << 62,
             workers=1,
             root=str(tmp_path),
-            on_batch=lambda paths, nbytes: reported.extend(paths),
+            on_batch=lambda paths, nbytes, recycled: reported.extend(paths),
         )
     assert done.denied == 4 and Path(done.first_denied).parent == theirs
     assert len(done.paths) == 4 and done.bytes == 400 and sorted(reported) == sorted(done.paths)
@@ -780,8 +780,8 @@ def test_a_tier_keeps_evicting_past_blocks_it_may_not_remove_and_says_so_once(tm
 
 def test_the_native_unlink_names_a_root_it_cannot_open_and_refuses_a_nul(tmp_path):
     missing = str(tmp_path / "gone")
-    assert _core.unlink_unchanged_files([], [], missing) == ([], None)  # nothing to open
-    outcomes, error = _core.unlink_unchanged_files([missing + "/a.kvb"], [(0, 0)], missing)
+    assert _core.unlink_unchanged_files([], [], missing) == ([], None, [])  # nothing to open
+    outcomes, error, _ = _core.unlink_unchanged_files([missing + "/a.kvb"], [(0, 0)], missing)
     assert outcomes == [] and error.errno == errno.ENOENT and error.filename == missing
     with pytest.raises(TypeError, match="sequence of paths"):  # not one path per character
         _core.unlink_unchanged_files(str(tmp_path / "a.kvb"), [], str(tmp_path))
@@ -830,7 +830,7 @@ def test_an_unlink_error_stops_eviction_after_reporting_what_it_removed(tmp_path
                 1 << 62,
                 workers=workers,
                 pool=pool if workers > 1 else None,
-                on_batch=lambda paths, nbytes: reported.extend(paths),
+                on_batch=lambda paths, nbytes, recycled: reported.extend(paths),
                 root=str(tmp_path),
             )
         assert caught.value.errno == errno.EROFS

@@ -77,10 +77,36 @@ struct UnlinkedFiles {
   /// With `error`: true when it was root_dir itself that could not be opened (no path was
   /// handled), rather than a directory or file on the way to paths[outcomes.size()].
   bool root_failed = false;
+  /// The paths the files kept for reuse (outcome kRecycledFile) were renamed to, in order.
+  std::vector<std::string> recycled;
 };
 inline constexpr std::int64_t kKeptFile = -1;
 inline constexpr std::int64_t kGoneFile = -2;
 inline constexpr std::int64_t kDeniedFile = -3;
+/// Evicted, but renamed for reuse instead of unlinked (Recycling): its bytes stay on disk.
+inline constexpr std::int64_t kRecycledFile = -4;
+
+/// Whether `path` lies on a file system of this host's kernel alone (ext2/3/4, XFS, btrfs,
+/// F2FS, tmpfs, ramfs), where a rename is seen by every later lookup at once. False for
+/// network and FUSE file systems (NFS, GlusterFS, CephFS), whose clients may resolve a name
+/// from a cache after the file was renamed away, and when statfs fails.
+KVTIER_EXPORT bool local_file_system(const std::string& path) noexcept;
+
+/// Eviction that keeps files for a later store to overwrite (BlockOp::recycle), which costs
+/// the file system less than an unlink and a new file (on tmpfs no pages are freed and
+/// allocated again; on a disk no blocks are discarded and allocated again). Of the files
+/// unlink_unchanged_files() would unlink, up to `max_files` that are regular files of exactly
+/// `file_size` bytes with one link, owned by the caller's effective user, are renamed in their
+/// directory to a tmp file name (tmp_file_name(), unlocked: a sweep may still remove them)
+/// instead, if their path lies below `below` (any path when empty): the directory of the
+/// engine whose stores take them (their root, see BlockOp::recycle). None while `max_files`
+/// is 0. Meant for local file systems (local_file_system()): on a shared one, a reader on
+/// another host may still reach a kept file by its old name through its client's cache.
+struct Recycling {
+  std::uint64_t file_size = 0;
+  std::size_t max_files = 0;
+  std::string below;
+};
 
 /// The evictor's system calls for a batch of block files in one call (Python calls it with the
 /// GIL released: a check, an lstat and an unlink per file each handed the GIL over): each of
@@ -88,11 +114,12 @@ inline constexpr std::int64_t kDeniedFile = -3;
 /// `dry_run`. With a non-empty `root_dir` every path is reached from it without following
 /// any symbolic link below it, as regular_files_exist() does. Throws std::invalid_argument
 /// when `mtimes` and `paths` differ in length; the file system's failures are reported in
-/// the result (UnlinkedFiles::error), never thrown.
+/// the result (UnlinkedFiles::error), never thrown. `recycle` keeps some files for reuse
+/// instead (Recycling; only with a non-empty `root_dir`, and never in a dry run).
 KVTIER_EXPORT UnlinkedFiles unlink_unchanged_files(const std::string& root_dir,
                                                    const std::vector<std::string>& paths,
                                                    const std::vector<timespec>& mtimes,
-                                                   bool dry_run);
+                                                   bool dry_run, const Recycling& recycle = {});
 
 }  // namespace KVTIER_ABI_NAMESPACE
 }  // namespace kvtier

@@ -40,6 +40,12 @@ struct BlockOp {
   void* data = nullptr;
   std::size_t length = 0;  ///< payload bytes of `data`
   std::vector<Segment> segments;
+  /// Stores only, optional: a file below the root that eviction kept for reuse (see
+  /// Recycling in files.hpp) to overwrite instead of creating a new one. It becomes the
+  /// store's tmp file when it is a regular file of the caller's user with one link and exactly
+  /// the size this store writes; otherwise it is removed and a new file created. Either way
+  /// the store consumes it: after the job, nothing is left at this path.
+  std::string recycle;
 
   /// Payload bytes, whichever form the payload takes.
   std::size_t payload_length() const noexcept {

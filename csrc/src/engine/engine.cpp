@@ -384,7 +384,7 @@ void Engine::submit(JobId job_id, Direction direction, std::vector<BlockOp> bloc
                     void* cuda_stream) {
   Impl& s = *impl_;
   if (s.inherited()) s.refuse_inherited();
-  const bool any_device = detail::check_blocks(blocks, s.cuda != nullptr);
+  const bool any_device = detail::check_blocks(blocks, direction, s.cuda != nullptr);
   std::unique_ptr<detail::Job> job = detail::make_job(job_id, direction, std::move(blocks));
   if (any_device) s.record_ready_event(*job, cuda_stream);
   s.scheduler->submit(std::move(job));

@@ -7,10 +7,12 @@
 
 namespace kvtier::detail {
 
-bool check_blocks(const std::vector<BlockOp>& blocks, bool cuda_enabled) {
+bool check_blocks(const std::vector<BlockOp>& blocks, Direction direction, bool cuda_enabled) {
   bool any_device = false;
   for (const BlockOp& op : blocks) {
     if (op.path.empty()) throw std::invalid_argument("block path must not be empty");
+    if (direction == Direction::kLoad && !op.recycle.empty())
+      throw std::invalid_argument("only a store can recycle a file: " + op.path);
     if (op.data == nullptr && op.length > 0)
       throw std::invalid_argument("block data must not be null: " + op.path);
     if (!op.segments.empty() && op.data != nullptr)

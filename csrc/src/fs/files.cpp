@@ -1,7 +1,9 @@
 #include <kvtier/files.hpp>
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -100,9 +102,26 @@ std::vector<bool> regular_files_exist(const std::string& root_dir,
   return exist;
 }
 
+bool local_file_system(const std::string& path) noexcept {
+  struct statfs fs;
+  if (::statfs(path.c_str(), &fs) != 0) return false;
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case EXT4_SUPER_MAGIC:  // ext2 and ext3 too
+    case XFS_SUPER_MAGIC:
+    case BTRFS_SUPER_MAGIC:
+    case F2FS_SUPER_MAGIC:
+    case TMPFS_MAGIC:
+    case RAMFS_MAGIC:
+      return true;
+    default:
+      return false;
+  }
+}
+
 UnlinkedFiles unlink_unchanged_files(const std::string& root_dir,
                                      const std::vector<std::string>& paths,
-                                     const std::vector<timespec>& mtimes, bool dry_run) {
+                                     const std::vector<timespec>& mtimes, bool dry_run,
+                                     const Recycling& recycle) {
   if (mtimes.size() != paths.size())
     throw std::invalid_argument("unlink_unchanged_files: one mtime per path");
   UnlinkedFiles done;
@@ -162,6 +181,19 @@ UnlinkedFiles unlink_unchanged_files(const std::string& root_dir,
         st.st_mtim.tv_nsec != mtimes[i].tv_nsec) {
       done.outcomes.push_back(kKeptFile);
       continue;
+    }
+    if (!dry_run && !root_dir.empty() && done.recycled.size() < recycle.max_files &&
+        static_cast<std::uint64_t>(st.st_size) == recycle.file_size && st.st_nlink == 1 &&
+        st.st_uid == ::geteuid() &&
+        (recycle.below.empty() || paths[i].rfind(recycle.below + "/", 0) == 0)) {
+      std::string spare = tmp_file_name(name);
+      if (::renameat(at, entry, at, spare.c_str()) == 0) {
+        done.outcomes.push_back(kRecycledFile);
+        done.recycled.push_back(root.path() + "/" + (directory.empty() ? "" : directory + "/") +
+                                spare);
+        continue;
+      }
+      // Gone meanwhile, or a file system that refuses: unlinked below as usual.
     }
     if (!dry_run && ::unlinkat(at, entry, 0) != 0) {
       if (errno == EACCES || errno == EPERM) {  // this file's directory or flags, not the disk

@@ -6,8 +6,10 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -238,6 +240,56 @@ FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string
   result = failure(ENOENT, "lock", loc.path_of(tmp), "tmp file removed by another process");
   return {};
 }
+
+// A file eviction kept for reuse (BlockOp::recycle) as this store's tmp file: renamed next
+// to the block under a new tmp name, opened for writing, locked, and used only if it is a
+// regular file of this user with one link and exactly the size the store writes (every byte
+// of it is then overwritten). Otherwise, or when any step fails, it is removed (the store
+// consumes it either way: the tier counted it as this store's), unless its directory cannot
+// be reached below the root, and an empty descriptor returned, for a new file to be created. The
+// rename comes before the open so that no reader can open it by the evicted block's name any more;
+// a reader that opened it before eviction may still read it while it is overwritten and then fails
+// the block's checksum.
+FileDescriptor adopt_recycled(const IoContext& ctx, const BlockOp& op, const Location& loc,
+                              std::string& tmp, bool& direct, bool& fell_back) {
+  Location from;
+  BlockResult ignored;
+  if (!locate(ctx, op.recycle, /*create=*/false, from, ignored)) return {};
+  tmp = tmp_file_name(loc.name);
+  int renamed = -1;
+#ifdef RENAME_NOREPLACE
+  renamed =
+      ::renameat2(from.dir.get(), from.name.c_str(), loc.dir.get(), tmp.c_str(), RENAME_NOREPLACE);
+  if (renamed != 0 && errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
+    ::unlinkat(from.dir.get(), from.name.c_str(), 0);
+    return {};
+  }
+#endif
+  if (renamed != 0 &&
+      ::renameat(from.dir.get(), from.name.c_str(), loc.dir.get(), tmp.c_str()) != 0) {
+    ::unlinkat(from.dir.get(), from.name.c_str(), 0);
+    return {};
+  }
+  BlockResult opened;
+  bool open_direct = direct;
+  FileDescriptor fd = open_at(ctx, loc, tmp, O_WRONLY | O_CLOEXEC, open_direct, opened);
+  struct stat st;
+  const mode_t mode = ctx.config->file_mode;
+  const bool usable =
+      fd && lock_tmp_file(fd.get()) != EAGAIN && ::fstat(fd.get(), &st) == 0 &&
+      S_ISREG(st.st_mode) && st.st_nlink == 1 && st.st_uid == ::geteuid() &&
+      static_cast<std::uint64_t>(st.st_size) == kHeaderSize + align_up(op.payload_length()) &&
+      ((st.st_mode & 07777) == mode || ::fchmod(fd.get(), mode) == 0);
+  if (!usable) {
+    fd.reset();
+    ::unlinkat(loc.dir.get(), tmp.c_str(), 0);
+    return {};
+  }
+  direct = open_direct;
+  fell_back = opened.o_direct_fallback;
+  return fd;
+}
+
 void BlockFile::discard_tmp() noexcept {
   fd.reset();
   ::unlinkat(loc.dir.get(), tmp.c_str(), 0);
@@ -254,6 +306,13 @@ BlockResult BlockFile::fail_store(int error, const char* operation, std::string 
 bool open_tmp(const IoContext& ctx, const BlockOp& op, BlockFile& file, BlockResult& result) {
   if (!locate(ctx, op.path, /*create=*/true, file.loc, result)) return false;
   file.direct = ctx.direct;
+  if (!op.recycle.empty()) {
+    file.fd = adopt_recycled(ctx, op, file.loc, file.tmp, file.direct, file.fell_back);
+    if (file.fd) {
+      result.o_direct_fallback = file.fell_back;
+      return true;  // its mode was made exact, whatever the umask
+    }
+  }
   file.fd = create_tmp(ctx, file.loc, file.tmp, file.direct, result);
   if (!file.fd) return false;
   file.fell_back = result.o_direct_fallback;

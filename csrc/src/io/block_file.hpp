@@ -112,11 +112,12 @@ struct BlockFile {
 };
 
 /// The start of every store: the block's directory (created as needed), this writer's locked
-/// tmp file in it, opened with O_DIRECT where the engine uses it (falling back where allowed),
-/// and its mode made exact. No existence check comes first: the tier cannot know a key is new
-/// (other processes and hosts share the root), so publish() detects a duplicate anyway, and
-/// engines store what their lookup found missing; a duplicate costs one wasted write instead
-/// of every store costing a stat. On failure fills `result` and returns false.
+/// tmp file in it (the file eviction kept for reuse where the op names one and it fits:
+/// BlockOp::recycle; else a new one), opened with O_DIRECT where the engine uses it (falling
+/// back where allowed), and its mode made exact. No existence check comes first: the tier cannot
+/// know a key is new (other processes and hosts share the root), so publish() detects a duplicate
+/// anyway, and engines store what their lookup found missing; a duplicate costs one wasted write
+/// instead of every store costing a stat. On failure fills `result` and returns false.
 bool open_tmp(const IoContext& ctx, const BlockOp& op, BlockFile& file, BlockResult& result);
 
 /// The end of every store whose bytes are written (and synced, with durability): closes the

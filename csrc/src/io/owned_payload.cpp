@@ -50,6 +50,7 @@ void OwnedPayloads::prepare(const IoContext& ctx, const BlockOp* const* ops, std
     BlockOp& own = ops_[i];
     own.path = ops[i]->path;  // the caller's op belongs to its job, which may be freed
     own.key = ops[i]->key;
+    own.recycle = ops[i]->recycle;
     own.segments.clear();
     own.length = ops[i]->payload_length();
     // A zero-length block still needs an address that is not null (check_blocks' rule).

@@ -137,7 +137,8 @@ def store_run(
         if budget is not None:
             _fill(tier, row, budget, first)
         capacity = tier._capacity  # bench only: the CPU its eviction passes took
-        evicted0, evict_cpu0 = tier.stats()["evicted_bytes"], capacity.eviction_cpu_seconds
+        before = tier.stats()
+        evicted0, evict_cpu0 = before["evicted_bytes"], capacity.eviction_cpu_seconds
         cpu0, t0 = time.process_time(), time.perf_counter()
         sizes: dict[int, int] = {}
         failed = stored = j = 0
@@ -174,6 +175,9 @@ def store_run(
             "evicted_bytes": evicted,
             "eviction_cpu_s": evict_cpu,
             "eviction_cpu_s_per_gib": evict_cpu / (evicted / GiB) if evicted else None,
+            # Evicted files the stores overwrote instead of new ones (docs/tiers.md).
+            "recycled_blocks": stats["recycled_blocks"] - before["recycled_blocks"],
+            "stored_blocks": stored // row,
             "used_bytes": stats["used_bytes"],
         }
     finally:
@@ -243,6 +247,8 @@ def steady(
             ),
             "eviction_cpu_s_per_gib": evict_cpu / (evicted / GiB) if evicted else None,
             "evicted_bytes_per_run": evicted // repeat,
+            "recycled_share": sum(r["recycled_blocks"] for r in runs["full_cache"])
+            / max(1, sum(r["stored_blocks"] for r in runs["full_cache"])),
             "refused_jobs": [r["refused_jobs"] for r in runs["full_cache"]],
             "runs": runs,
         }
@@ -372,7 +378,14 @@ def render_capacity(
         f"stores {format_size(capacity['stored_bytes_per_run'])} of new blocks, every store "
         "makes room) next to no budget",
     ]
-    header = ["block", "no budget GB/s", "full cache GB/s", "ratio", "eviction CPU s/GiB"]
+    header = [
+        "block",
+        "no budget GB/s",
+        "full cache GB/s",
+        "ratio",
+        "eviction CPU s/GiB",
+        "stores recycled",
+    ]
     rows = []
     for entry in capacity["steady"].values():
         low, high = entry["ratio_spread"]
@@ -383,6 +396,8 @@ def render_capacity(
                 _f(entry["store_gbps_full_cache"], "{:.2f}"),
                 f"{entry['ratio']:.2f} ({low:.2f}-{high:.2f})",
                 _f(entry["eviction_cpu_s_per_gib"], "{:.3f}"),
+                # Absent from results saved before recycling existed.
+                _f(entry.get("recycled_share"), "{:.0%}"),
             ]
         )
     lines.append(table(header, rows))

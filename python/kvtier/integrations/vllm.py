@@ -120,6 +120,8 @@ _GAUGES = {
 _COUNTERS = {
     "evicted_blocks": "kvtier block files this engine evicted.",
     "evicted_bytes": "Bytes of kvtier block files this engine evicted.",
+    "recycled_blocks": "Evicted kvtier block files this engine's stores were given to "
+    "overwrite instead of creating new files.",
     "rejected_stores": "kvtier stores refused for lack of budget (eviction 'none').",
     "io_timeouts": "kvtier block operations that missed their deadline (io_timeout_s).",
     "workers_replaced": "kvtier I/O workers replaced because they were stuck in the kernel.",

@@ -128,6 +128,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             on_evicted=_forget_evicted(
                 self._lookups, self.file_mapper.rank_dir, self._eviction_listeners
             ),
+            recycle_below=self.file_mapper.rank_dir if _may_recycle(opts) else None,
         )
         # Stop the engine and the resolver and capacity threads even if the tier is dropped
         # without shutdown() (and at interpreter exit), within one deadline.
@@ -270,18 +271,20 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             # submitted later from the capacity thread, or fails there (never waits here).
             with self._lock:
                 self._admitting += 1
+            spares: list[str] = []  # evicted files the store may overwrite (admit())
             try:
                 admitted = self._capacity.admit(
                     len(keys),
-                    lambda refusal: self._admitted(job_id, keys, blocks, refusal, True),
+                    lambda refusal: self._admitted(job_id, keys, blocks, refusal, True, spares),
                     [b[0] for b in blocks],
+                    spares,
                 )
             except BaseException:
                 self._admission_done()
                 raise
             if not isinstance(admitted, Deferred):
                 self._admission_done()
-                self._admitted(job_id, keys, blocks, admitted, False)
+                self._admitted(job_id, keys, blocks, admitted, False, spares)
         except ShutDownError:
             self._forget(job_id, is_load)
             raise
@@ -303,13 +306,15 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         blocks: list[tuple[str, bytes, int, int]],
         refusal: str | None,
         deferred: bool,
+        spares: list[str],
     ) -> None:
         """A store's admission: submit it, or fail it like a full store queue (a later miss;
         loads go on). Runs on the caller's thread or, when the store waited for budget, on
-        the capacity thread."""
+        the capacity thread. ``spares``: the evicted files admission gave its first blocks
+        to overwrite."""
         if deferred:
             try:
-                self._admitted(job_id, keys, blocks, refusal, False)
+                self._admitted(job_id, keys, blocks, refusal, False, spares)
             except BaseException as e:
                 reason = "the tier shut down" if self._engine.is_shut_down else str(e)
                 self._fail(job_id, False, f"submit_store: {reason}")
@@ -324,8 +329,9 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             if job is not None:
                 job.admitted_paths = tuple(b[0] for b in blocks)
         try:
-            self._engine.submit_store(job_id, blocks)
+            self._engine.submit_store(job_id, _recycling(blocks, spares))
         except BaseException:
+            self._capacity.give_back_spares(spares)  # the engine took none: all or nothing
             self._capacity.finish_store(len(keys), 0, [b[0] for b in blocks])
             raise
         self._fail_if_degraded()
@@ -548,6 +554,23 @@ def _close(
             logger.warning(
                 "closing the %s failed: %s (the tier is shut down all the same)", part, str(e)
             )
+
+
+def _may_recycle(opts: FsTierOptions) -> bool:
+    """Whether eviction may keep files for this tier's stores to overwrite (docs/tiers.md,
+    "Recycling evicted files"): only where a load that reads such a file meanwhile fails its
+    checksum, and on a local file system, where no reader reaches it by its old name after
+    the rename (a network client's name cache might, and fail loads that would have hit)."""
+    return opts.checksum == "crc32c" and _core.local_file_system(opts.root_dir)
+
+
+def _recycling(
+    blocks: list[tuple[str, bytes, int, int]], spares: list[str]
+) -> list[tuple[str, bytes, int, int]] | list[tuple[str, bytes, int, int, str | None]]:
+    """The store's blocks, the first ones naming the evicted file each overwrites."""
+    if not spares:
+        return blocks
+    return [(*b, spares[i] if i < len(spares) else None) for i, b in enumerate(blocks)]
 
 
 def _forget_evicted(

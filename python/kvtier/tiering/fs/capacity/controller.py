@@ -27,6 +27,7 @@ from kvtier._fork import after_fork_in_child
 from kvtier.tiering.fs.capacity.daemon_pool import DaemonPool
 from kvtier.tiering.fs.capacity.evictor import (
     UNLINK_WORKERS,
+    Recycle,
     UnlinkTuning,
     evict,
     evictor_lock,
@@ -74,6 +75,12 @@ MAX_CHUNK_BYTES = 64 << 20
 RESERVE_FRACTION = 1 / 32
 # An instance that admitted no store for this long gives its reservation back.
 IDLE_SECONDS = 2.0
+# Evicted files an instance that recycles keeps ahead for its next stores at most, as a
+# fraction of max_bytes: twice the gap between the watermarks. A pass frees that gap, and the
+# files kept by the pass before are not all taken yet when it starts; at 5% a full cache of
+# 256 KiB blocks recycled 58% of its stores, at 10% 90% (docs/PERFORMANCE.md section 32).
+# Spares are room made for this instance only: others see them as its tmp files.
+RECYCLE_FRACTION = 0.10
 # A store the budget has no room for right now waits (off the caller's thread) this long
 # for eviction to make room, then fails with ENOSPC.
 STORE_WAIT_SECONDS = 10.0
@@ -115,6 +122,7 @@ class _Wait:
     then: Callable[[str | None], None]
     deadline: float
     paths: Sequence[str] = ()
+    spares: list[str] | None = None  # admit()'s: receives the recycled files it is given
 
 
 class CapacityController:
@@ -122,6 +130,12 @@ class CapacityController:
 
     ``on_evicted(paths)`` is called (from the evicting thread) with block files this process
     removed, for every controller of this process on the same root.
+
+    With ``recycle_below`` (and a byte budget), eviction keeps evicted files of this
+    instance's file size below that directory (its engine's root) for its next stores to
+    overwrite instead of unlinking them (evictor.Recycle), and admit() hands them out. Only
+    for writers whose loads check a checksum, on a local file system: a reader that opened
+    such a file before it was evicted may read it while it is overwritten.
     """
 
     def __init__(
@@ -131,6 +145,7 @@ class CapacityController:
         payload_bytes: int,
         file_mode: int = 0o600,
         on_evicted: Callable[[list[str]], None] | None = None,
+        recycle_below: str | None = None,
     ) -> None:
         self.root = os.path.abspath(root)
         self.identity = root_identity(self.root)
@@ -145,7 +160,18 @@ class CapacityController:
         # _lock guards the counters below and the waiting stores; held only for memory.
         self._lock = threading.Lock()
         self._pool = 0  # budget reserved in this instance's record, not yet given to a store
-        self._inflight = 0  # given to stores that have not finished (their tmp files)
+        self._inflight = 0  # given to stores that have not finished (their tmp files), spares
+        # Evicted files kept for this instance's next stores (tmp names, unlocked): on disk, so
+        # counted in _inflight (the record's "writing") until a store takes one, but room for
+        # this instance's stores all the same, so left out of what makes eviction run
+        # (_demand) and counted as reservation by _serve.
+        self._spares: list[str] = []
+        self._recycle_files = 0  # how many at most (0: this instance does not recycle)
+        self._recycle_below = recycle_below or ""
+        if recycle_below is not None and policy.max_bytes is not None:
+            self._recycle_files = max(
+                1, int(policy.max_bytes * RECYCLE_FRACTION) // self.file_bytes
+            )
         self._added = 0  # bytes of block files this instance's identity committed
         self._waiting: deque[_Wait] = deque()
         # Block paths of admitted or waiting stores not finished yet (a count per path): the
@@ -203,6 +229,7 @@ class CapacityController:
         self._unlinkers: DaemonPool | None = None
         self._unlink_tuning: UnlinkTuning | None = None  # where the last pass's waves settled
         self.evicted_blocks = self.evicted_bytes = self.rejected_stores = 0
+        self.recycled_blocks = 0  # evicted files handed to stores to overwrite
         # CPU seconds of eviction passes (scans, ledger, unlinks; every thread involved):
         # what a full cache costs beyond storing, reported by `kvtier bench --max-bytes`.
         self.eviction_cpu_seconds = 0.0
@@ -243,12 +270,19 @@ class CapacityController:
         n_blocks: int,
         then: Callable[[str | None], None] | None = None,
         paths: Sequence[str] = (),
+        spares: list[str] | None = None,
     ) -> str | None | Deferred:
         """Take room for ``n_blocks`` new files from this instance's reservation.
 
         ``paths`` (the store's block files) are kept from eviction until ``finish_store``
         names them again or the store is refused; a caller that passes none gets no such
         protection for files its uncollected stores have written.
+
+        ``spares``, for an instance that recycles: once the store is admitted, it holds up to
+        ``n_blocks`` recycled files (at most one per block, for the first blocks), which then
+        need no room of their own. The caller hands each to its block's store
+        (``BlockOp::recycle``, which consumes it whatever happens) or, if the store is never
+        submitted, back through give_back_spares() before finish_store().
 
         Returns None (admitted), a reason the store is refused, or, with ``then``, DEFERRED:
         there is no room right now, and ``then(None)`` (admitted) or ``then(reason)`` will be
@@ -282,8 +316,16 @@ class CapacityController:
             if budget is not None and need > budget:
                 self.rejected_stores += 1
                 return self._refusal(need, "the store is larger than the whole budget")
-            if not self._waiting and free_ok and (budget is None or self._pool >= need):
-                self._take(need)
+            reuse = min(n_blocks, len(self._spares)) if spares is not None else 0
+            new = need - reuse * self.file_bytes  # what the files not recycled need
+            if (
+                not self._waiting
+                and (free_ok or self._free_ok(new))
+                and (budget is None or self._pool >= new)
+            ):
+                self._take(new)
+                if reuse:
+                    spares.extend(self._pop_spares(reuse))  # type: ignore[union-attr]
                 self._hold(paths)
                 # Topped up ahead: before the next store of this size would find too little.
                 low = budget is not None and self._pool < max(self.chunk_bytes // 2, need)
@@ -302,7 +344,7 @@ class CapacityController:
                     then_ = answer_here
                 else:
                     then_ = then
-                wait = _Wait(need, then_, time.monotonic() + STORE_WAIT_SECONDS, paths)
+                wait = _Wait(need, then_, time.monotonic() + STORE_WAIT_SECONDS, paths, spares)
                 self._hold(paths)
                 self._waiting.append(wait)
                 answer = DEFERRED
@@ -327,6 +369,29 @@ class CapacityController:
         """Whether ``need`` more bytes keep free space above the floor, as far as the last
         statvfs and the stores admitted since tell (call under _lock)."""
         return self._avail is None or self._avail - need >= self._floor_bytes
+
+    def _pop_spares(self, n: int) -> list[str]:
+        """Hand ``n`` spares to a store: their bytes stay in _inflight as its tmp files
+        (call under _lock)."""
+        taken = self._spares[-n:]
+        del self._spares[-n:]
+        self.recycled_blocks += n
+        return taken
+
+    def give_back_spares(self, spares: list[str]) -> None:
+        """Spares admit() handed out for a store that was never submitted: kept for the next
+        stores (call before that store's finish_store)."""
+        if spares:
+            with self._lock:
+                self._spares += spares
+                self.recycled_blocks -= len(spares)
+                self._inflight += len(spares) * self.file_bytes
+
+    def _take_spares(self) -> list[str]:
+        """Every spare, no longer counted (call under _lock); the caller removes them."""
+        spares, self._spares = self._spares, []
+        self._inflight -= len(spares) * self.file_bytes
+        return spares
 
     def _hold(self, paths: Sequence[str]) -> None:
         """Keep ``paths`` from eviction while their store runs (call under _lock)."""
@@ -429,6 +494,7 @@ class CapacityController:
                 "capacity_bytes": self.policy.max_bytes or 0,
                 "evicted_blocks": self.evicted_blocks,
                 "evicted_bytes": self.evicted_bytes,
+                "recycled_blocks": self.recycled_blocks,
                 "rejected_stores": self.rejected_stores,
                 "ledger_close_failures": self.close_failures.count,
             }
@@ -510,12 +576,13 @@ class CapacityController:
         """Budget taken plus what waiting stores need beyond this instance's reservation:
         what eviction must make room for."""
         with self._lock:
-            extra = max(0, sum(w.need for w in self._waiting) - self._pool)
+            spare = len(self._spares) * self.file_bytes  # room made already
+            extra = max(0, sum(w.need for w in self._waiting) - self._pool - spare)
             # Room for the oldest waiting store, or a chunk, at a time: a burst of waiting
             # stores must not evict the whole cache in one pass.
             first = self._waiting[0].need if self._waiting else 0
             extra = min(extra, max(first, self.chunk_bytes))
-        return self._taken(state, st, extra)
+        return self._taken(state, st, extra) - spare
 
     def _free_demand(self, st: os.statvfs_result) -> int:
         """Bytes to evict for the free-space floor, waiting stores included."""
@@ -549,8 +616,12 @@ class CapacityController:
             target = waiting + (ahead if active else 0)
             if self._pool > target:  # idle budget goes back to the others
                 self._pool = target
-            short = target - self._pool
-            first = self._waiting[0].need - self._pool if self._waiting else 0
+            # Spares serve as reservation; an idle instance removes them.
+            idle_spares = self._take_spares() if not active and not waiting else []
+            spare = len(self._spares) * self.file_bytes
+            short = target - self._pool - spare
+            first = self._waiting[0].need - self._pool - spare if self._waiting else 0
+        _remove_spares(idle_spares)
         # As much of what is wanted as fits, if that serves the oldest waiting store.
         take = min(short, budget - self._taken(self._state, st)) if short > 0 else 0
         if take >= max(first, 1):
@@ -583,10 +654,16 @@ class CapacityController:
         with self._lock:
             budget = self.policy.max_bytes
             while self._waiting:
-                need = self._waiting[0].need
+                wait = self._waiting[0]
+                reuse = 0
+                if wait.spares is not None:
+                    reuse = min(wait.need // self.file_bytes, len(self._spares))
+                need = wait.need - reuse * self.file_bytes
                 if (budget is not None and self._pool < need) or not self._free_ok(need):
                     break
                 self._take(need)
+                if reuse:
+                    wait.spares.extend(self._pop_spares(reuse))  # type: ignore[union-attr]
                 granted.append(self._waiting.popleft())
         for w in granted:
             w.then(None)
@@ -766,15 +843,17 @@ class CapacityController:
             )
             if need:
                 started = time.monotonic()
-                freed = self._evict_candidates(need)
+                # A spare frees no disk space: none for the free-space floor.
+                recycle = self._recycle_files > 0 and not self._free_demand(st)
+                freed = self._evict_candidates(need, recycle)
                 if freed < need and reuse and self._refill_from_stores():
-                    freed += self._evict_candidates(need - freed)
+                    freed += self._evict_candidates(need - freed, recycle)
                 if freed < need and reuse and not self._stop.is_set():
                     try:
                         self._scan(True)  # the old candidates ran out: the rest from a new one
                     except Interrupted:
                         return
-                    freed += self._evict_candidates(need - freed)
+                    freed += self._evict_candidates(need - freed, recycle)
                 self._pass_seconds = time.monotonic() - started
                 # Everything there is in use or being stored: asking again at once would only
                 # rescan; the next tick (or a store that waits) tries again.
@@ -859,11 +938,22 @@ class CapacityController:
         self._candidate_bytes = self._candidates.bytes
         return bool(rows)
 
-    def _evict_candidates(self, need: int) -> int:
-        """Evict the oldest candidates until ``need`` bytes are freed; returns bytes freed."""
+    def _evict_candidates(self, need: int, recycle: bool = False) -> int:
+        """Evict the oldest candidates until ``need`` bytes are freed (with ``recycle``, up to
+        the spares this instance may still keep are kept for its stores: freed for the
+        budget); returns bytes freed."""
         if self._unlinkers is None:
             # Daemon threads: an unlink stuck in the kernel must not hold interpreter exit.
             self._unlinkers = DaemonPool(UNLINK_WORKERS, "kvtier-evict")
+        with self._lock:
+            # Beyond the spares kept ahead, one for each block of a store waiting for room
+            # (it takes them as soon as the wave that made them ends: _evicted).
+            waiting = sum(w.need for w in self._waiting if w.spares is not None)
+            wanted = (
+                self._recycle_files - len(self._spares) + waiting // self.file_bytes
+                if recycle
+                else 0
+            )
         done = evict(
             self._candidates,
             need,
@@ -873,6 +963,7 @@ class CapacityController:
             pool=self._unlinkers,
             tuning=self._unlink_tuning,
             root=self.root,
+            recycle=Recycle(self.file_bytes, wanted, self._recycle_below) if wanted > 0 else None,
         )
         self._unlink_tuning = done.tuning
         self.eviction_cpu_seconds += done.unlink_cpu_seconds
@@ -896,7 +987,15 @@ class CapacityController:
             )
         return done.bytes
 
-    def _evicted(self, paths: list[str], nbytes: int) -> None:
+    def _evicted(self, paths: list[str], nbytes: int, recycled: list[str]) -> None:
+        if recycled:
+            # Spares are on disk: in this instance's record before they leave the count of
+            # block files, so that no reader of the ledger sees their bytes nowhere.
+            with self._lock:
+                self._spares += recycled
+                self._inflight += len(recycled) * self.file_bytes
+                record = self._record()
+            self._slot.write(record)
         self._state = self.ledger.subtract(nbytes)
         if self._state.orphans:
             self._recount = True  # the count read may miss what they added (reap_dead)
@@ -924,12 +1023,14 @@ class CapacityController:
             waiting, self._waiting = list(self._waiting), deque()
             for w in waiting:
                 self._release(w.paths)
+            spares = self._take_spares()
             self._added += self._inflight
             self._pool = self._inflight = 0
             record = self._record()
         for w in waiting:
             w.then(self._refusal(w.need, "the tier is shutting down", errno.ECANCELED))
         try:
+            _remove_spares(spares)
             if self._unlinkers is not None:
                 self._unlinkers.shutdown()
             self.recency.flush()
@@ -987,6 +1088,18 @@ class CapacityController:
             )
         else:
             self._refuse_waiting(reason, errno.ETIMEDOUT)
+
+
+def _remove_spares(spares: list[str]) -> None:
+    """Unlink spares nobody took (a sweep or gc may have been first). Their names are this
+    process's own tmp names, which nothing else carries."""
+    for path in spares:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # left for a sweep: it is an unlocked tmp file
+            logger.warning("Could not remove the evicted file kept for reuse %s: %s", path, e)
 
 
 def _idle(racers: dict[str, tuple[int, int]]) -> bool:

@@ -1,4 +1,5 @@
-"""Eviction: one evictor per root at a time, unlinking least recently used block files.
+"""Eviction: one evictor per root at a time, unlinking least recently used block files
+(or renaming some for a store of this process to overwrite: ``Recycle``).
 
 The evictor lock is ``<root>/.kvtier/evictor.lock``, an open-file-description lock
 (``F_OFD_SETLK``) taken without waiting through a descriptor of the caller's own: two tiers of
@@ -66,6 +67,18 @@ class UnlinkTuning:
     hold: int = 0  # waves to stay at this count before trying fewer again
 
 
+@dataclass
+class Recycle:
+    """Evicted files to keep for reuse instead of unlinking (_core.unlink_unchanged_files):
+    up to ``files`` of exactly ``file_size`` bytes, owned by this user, below the directory
+    ``below`` (the root of the engine whose stores take them). ``files`` counts down as a pass
+    renames them."""
+
+    file_size: int
+    files: int
+    below: str
+
+
 # The outcome of a candidate after the error that stopped its thread's share of a wave.
 _UNTRIED = -2
 # The outcome of a candidate whose unlink was refused (EACCES, EPERM).
@@ -81,6 +94,7 @@ _HOLD_WAVES = 8
 class Evicted:
     paths: list[str] = field(default_factory=list)
     bytes: int = 0
+    recycled: list[str] = field(default_factory=list)  # tmp names of the files kept (Recycle)
     used_since: list[str] = field(default_factory=list)  # candidates used since the scan: kept
     vanished: int = 0  # candidates someone else removed first
     # Candidates this process may not remove (EACCES, EPERM: another user's directory, an
@@ -103,22 +117,25 @@ def evict(
     *,
     in_use: Callable[[str], bool] = lambda path: False,
     dry_run: bool = False,
-    on_batch: Callable[[list[str], int], None] | None = None,
+    on_batch: Callable[[list[str], int, list[str]], None] | None = None,
     stop: threading.Event | None = None,
     workers: int = UNLINK_WORKERS,
     pool: Executor | None = None,
     tuning: UnlinkTuning | None = None,
     root: str = "",
+    recycle: Recycle | None = None,
 ) -> Evicted:
     """Unlink candidates (oldest first) until ``need_bytes`` are freed.
 
     A candidate whose mtime moved since the scan, or that ``in_use`` says was used and not
     yet flushed, is kept. Unlinks run on ``workers`` threads (unlink is the slow part, and
     it releases the GIL) in waves of the oldest candidates that cover what is still needed;
-    ``on_batch(paths, bytes)`` is called after each wave, so budgets and lookup caches learn
-    of evictions while they happen. ``pool`` (with at least ``workers`` threads) is used
-    instead of a pool of this call's own: a tier evicts often, and starting threads for
-    every pass costs more than a small pass does.
+    ``on_batch(paths, bytes, recycled)`` is called after each wave, so budgets and lookup
+    caches learn of evictions while they happen; ``recycled`` are the new names of the files
+    ``recycle`` kept (their blocks are evicted all the same: in ``paths`` and ``bytes``).
+    ``pool`` (with at least ``workers`` threads) is used instead of a pool of this call's
+    own: a tier evicts often, and starting threads for every pass costs more than a small
+    pass does.
 
     Of those ``workers``, each wave uses only as many as make it faster: an unlink that
     waits on a device or a server (milliseconds on a busy journal, a network file system)
@@ -134,7 +151,7 @@ def evict(
     may not remove (EACCES, EPERM) is kept and counted in Evicted.denied; the pass goes on.
     Any other error but a vanished file (EIO, EROFS, an audit hook's veto) stops the pass:
     the files removed before it, by every thread, are reported through ``on_batch``, then
-    it is raised.
+    it is raised. ``recycle`` needs ``root``.
     """
     done = Evicted()
     tune = tuning if tuning is not None else UnlinkTuning(workers)
@@ -161,17 +178,29 @@ def evict(
             if pool is not None:  # one task per thread: a task per file costs more than it saves
                 n_slices = min(tune.threads, len(wave))
                 slices = [wave[w::n_slices] for w in range(n_slices)]
+                # Each slice may keep its share of the files still wanted.
+                keeps = _shares(recycle, n_slices)
                 began = time.perf_counter()
-                parts = list(pool.map(lambda part: _evict_all(part, in_use, dry_run, root), slices))
+                parts = list(
+                    pool.map(
+                        lambda part, keep: _evict_all(part, in_use, dry_run, root, keep),
+                        slices,
+                        keeps,
+                    )
+                )
                 wall = time.perf_counter() - began
                 wave = [e for part in slices for e in part]
                 if len(wave) >= 2 * n_slices and wall > 0:  # a wave too small tells nothing
                     _next_threads(tune, len(wave) / wall, workers)
             else:
-                parts = [_evict_all(wave, in_use, dry_run, root)]
-            outcomes = [o for part, _, _ in parts for o in part]
-            done.unlink_cpu_seconds += sum(cpu for _, cpu, _ in parts)
-            error = next((e for _, _, e in parts if e is not None), None)
+                parts = [_evict_all(wave, in_use, dry_run, root, _shares(recycle, 1)[0])]
+            outcomes = [o for part, _, _, _ in parts for o in part]
+            done.unlink_cpu_seconds += sum(cpu for _, cpu, _, _ in parts)
+            error = next((e for _, _, e, _ in parts if e is not None), None)
+            recycled = [name for _, _, _, names in parts for name in names]
+            if recycle is not None:
+                recycle.files = max(0, recycle.files - len(recycled))
+                done.recycled += recycled
             paths, nbytes = [], 0
             for entry, outcome in zip(wave, outcomes):
                 if outcome is None:
@@ -182,6 +211,9 @@ def evict(
                     done.denied += 1
                     done.denied_bytes += entry.size
                     done.first_denied = done.first_denied or entry.path
+                elif outcome == _core.UNLINK_RECYCLED:
+                    paths.append(entry.path)
+                    nbytes += entry.size
                 elif outcome < 0:
                     done.used_since.append(entry.path)
                 else:
@@ -190,7 +222,7 @@ def evict(
             done.paths += paths
             done.bytes += nbytes
             if on_batch is not None and paths:
-                on_batch(paths, nbytes)
+                on_batch(paths, nbytes, recycled)
             if error is not None:
                 raise error  # after the files it did remove were reported
     finally:
@@ -215,12 +247,37 @@ def _next_threads(tune: UnlinkTuning, rate: float, workers: int) -> None:
     tune.rate = rate
 
 
+@dataclass(frozen=True)
+class _Keep:
+    """What one thread's share of a wave may keep for reuse."""
+
+    recycle: Recycle | None
+    files: int
+
+
+_NO_KEEP = _Keep(None, 0)
+
+
+def _shares(recycle: Recycle | None, n: int) -> list[_Keep]:
+    """``recycle.files`` split over ``n`` threads as evenly as whole files go."""
+    if recycle is None:
+        return [_NO_KEEP] * n
+    base, extra = divmod(recycle.files, n)
+    return [_Keep(recycle, base + (w < extra)) for w in range(n)]
+
+
 def _evict_all(
-    entries: Sequence[FileEntry], in_use: Callable[[str], bool], dry_run: bool, root: str
-) -> tuple[list[int | None], float, Exception | None]:
+    entries: Sequence[FileEntry],
+    in_use: Callable[[str], bool],
+    dry_run: bool,
+    root: str,
+    keep: _Keep = _NO_KEEP,
+) -> tuple[list[int | None], float, Exception | None, list[str]]:
     """Outcomes of ``entries`` (bytes freed; -1 for a block kept: not a block, or used since
-    the scan; None if it was gone; _DENIED if this process may not remove it; _UNTRIED past
-    an error), this thread's CPU seconds for them and the error that stopped them, if any.
+    the scan; None if it was gone; _DENIED if this process may not remove it;
+    UNLINK_RECYCLED if it was kept for reuse as ``keep`` asks; _UNTRIED past an error), this
+    thread's CPU seconds for them, the error that stopped them, if any, and the new names of
+    the files kept for reuse.
 
     The Python checks come first; the system calls of the rest (an lstat to see that the
     mtime is still the scan's, then the unlink) are one native call with the GIL released: a
@@ -239,23 +296,31 @@ def _evict_all(
         if is_block_name(os.path.basename(e.path)) and not in_use(e.path)
     ]
     error: Exception | None
+    recycled: list[str] = []
     try:
-        results, error = _core.unlink_unchanged_files(
+        results, error, recycled = _core.unlink_unchanged_files(
             [entries[i].path for i in todo],
             [divmod(entries[i].mtime_ns, 10**9) for i in todo],
             root,
             dry_run,
+            keep.recycle.file_size if keep.recycle else 0,
+            keep.files,
+            keep.recycle.below if keep.recycle else None,
         )
     except Exception as e:  # an audit hook's veto, a path no system call takes: none tried
         results, error = [], e
     for i, result in zip(todo, results):
         if result == _core.UNLINK_GONE:
             outcomes[i] = None
+        elif result == _core.UNLINK_DENIED:
+            outcomes[i] = _DENIED
+        elif result == _core.UNLINK_RECYCLED:
+            outcomes[i] = result
         else:
-            outcomes[i] = _DENIED if result == _core.UNLINK_DENIED else -1 if result < 0 else result
+            outcomes[i] = -1 if result < 0 else result
     for i in todo[len(results) :]:
         outcomes[i] = _UNTRIED
-    return outcomes, time.thread_time() - started, error
+    return outcomes, time.thread_time() - started, error, recycled
 
 
-__all__ = ["EVICTOR_LOCK_NAME", "Evicted", "UnlinkTuning", "evict", "evictor_lock"]
+__all__ = ["EVICTOR_LOCK_NAME", "Evicted", "Recycle", "UnlinkTuning", "evict", "evictor_lock"]

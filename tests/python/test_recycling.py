@@ -1,0 +1,265 @@
+"""Recycling evicted files: under a byte budget with checksum "crc32c", eviction renames some
+of the files it evicts to tmp names and the tier's next stores overwrite them instead of
+creating new files (docs/tiers.md, "Recycling evicted files"). Real files and threads: the
+blocks that stay are byte-exact, the budget holds, the kept files are counted while they
+exist and gone once the tier is idle or shut down, and nothing recycles without a checksum
+or for the free-space floor."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from block_files import block_bytes_on_disk
+from kvtier import _core
+from kvtier.tiering.base import JobMetadata, ReqContext, make_offload_key
+from kvtier.tiering.fs.capacity import block_file_bytes
+from kvtier.tiering.fs.capacity import controller as capacity_controller
+from kvtier.tiering.fs.capacity.daemon_pool import DaemonPool
+from kvtier.tiering.fs.capacity.evictor import Recycle, evict
+from kvtier.tiering.fs.capacity.survey import survey
+from kvtier.tiering.fs.manager import FileSystemTierManager
+from kvtier.tiering.spec import OffloadingSpec
+
+CTX = ReqContext("req-0")
+SPEC = OffloadingSpec(model_name="org/recycle", dtype="float16", kv_layout="NHD")
+ROW = 64 << 10
+FILE = block_file_bytes(ROW)
+BUDGET_FILES = 64
+WAIT_SECONDS = 60.0
+
+
+def key(i: int) -> bytes:
+    return make_offload_key(i.to_bytes(32, "big"), 0)
+
+
+def payload(i: int) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 256, ROW, dtype=np.uint8)
+
+
+def spares_under(root: Path) -> list[Path]:
+    """Tmp files of block names: the kept files (no store is in flight when this is asked)."""
+    return [p for p in root.rglob("*.tmp") if ".kvb." in p.name]
+
+
+class Tier:
+    """An fs tier with one primary row per thread and blocking store/load helpers."""
+
+    def __init__(self, root: Path, rows: int = 2, **options: object) -> None:
+        self.buf = np.zeros((rows, ROW), dtype=np.uint8)
+        options = {
+            "n_read_threads": 2,
+            "n_write_threads": 2,
+            "max_bytes": BUDGET_FILES * FILE,
+            "min_free_fraction": 0,
+            **options,
+        }
+        self.tier = FileSystemTierManager(
+            SPEC, memoryview(self.buf), "fs", root_dir=str(root), **options
+        )
+        self._ids = iter(range(1, 1 << 30))
+        self._lock = threading.Lock()
+        self._finished: dict[int, object] = {}
+
+    def _run(self, keys: list[bytes], slot: int, load: bool):
+        with self._lock:
+            job_id = next(self._ids)
+        job = JobMetadata(job_id, keys, np.full(len(keys), slot, dtype=np.int64), load, CTX)
+        (self.tier.submit_load if load else self.tier.submit_store)(job)
+        deadline = time.monotonic() + WAIT_SECONDS
+        while time.monotonic() < deadline:
+            with self._lock:  # any thread may collect another's result
+                for r in self.tier.get_finished():
+                    self._finished[r.job_id] = r
+                if job_id in self._finished:
+                    return self._finished.pop(job_id)
+            time.sleep(0.001)
+        raise AssertionError(f"job {job_id} did not finish")
+
+    def store(self, i: int, slot: int = 0):
+        self.buf[slot] = payload(i)
+        return self._run([key(i)], slot, False)
+
+    def load(self, i: int, slot: int = 1):
+        r = self._run([key(i)], slot, True)
+        if r.success:
+            assert bytes(self.buf[slot]) == bytes(payload(i)), f"block {i}: wrong bytes"
+        return r
+
+    def settle(self) -> None:
+        assert self.tier._capacity.wait_idle(WAIT_SECONDS)
+
+
+def test_a_full_cache_overwrites_evicted_files_and_keeps_every_block_exact(tmp_path):
+    t = Tier(tmp_path)
+    try:
+        most_kept = 0
+        for i in range(4 * BUDGET_FILES):
+            assert t.store(i).success
+            # Block files and kept files together (both are counted) stay within the budget,
+            # and the kept files are taken by stores, not piled up.
+            assert block_bytes_on_disk(tmp_path) <= BUDGET_FILES * FILE
+            most_kept = max(most_kept, len(spares_under(tmp_path)))
+        t.settle()
+        stats = t.tier.stats()
+        # Of the 3 budgets evicted, passes kept files (up to RECYCLE_FRACTION of the budget at
+        # a time) for more than one, and the stores took them.
+        assert stats["recycled_blocks"] > BUDGET_FILES, stats
+        assert 0 < most_kept <= capacity_controller.RECYCLE_FRACTION * BUDGET_FILES + 1
+        assert stats["used_bytes"] <= BUDGET_FILES * FILE
+        present = [i for i in range(4 * BUDGET_FILES) if t.load(i).success]
+        # The newest blocks stay (LRU) and read back whole; the evicted ones are misses.
+        assert 0.8 * BUDGET_FILES <= len(present) <= BUDGET_FILES, len(present)
+        assert 4 * BUDGET_FILES - 1 in present
+    finally:
+        t.tier.shutdown()
+    assert spares_under(tmp_path) == []  # shutdown removes the files it kept
+    assert block_bytes_on_disk(tmp_path) <= BUDGET_FILES * FILE
+
+
+def test_kept_files_are_counted_while_they_exist_and_removed_when_idle(tmp_path, monkeypatch):
+    monkeypatch.setattr(capacity_controller, "IDLE_SECONDS", 0.5)
+    t = Tier(tmp_path)
+    try:
+        for i in range(2 * BUDGET_FILES):
+            assert t.store(i).success
+        t.settle()
+        kept = spares_under(tmp_path)
+        assert kept, "a pass made no spares"
+        # Counted as this writer's tmp files: the ledger's used bytes cover them.
+        assert t.tier.stats()["used_bytes"] >= block_bytes_on_disk(tmp_path)
+        deadline = time.monotonic() + WAIT_SECONDS
+        while spares_under(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert spares_under(tmp_path) == []
+        assert t.tier.stats()["used_bytes"] >= block_bytes_on_disk(tmp_path)
+    finally:
+        t.tier.shutdown()
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_eviction_keeps_exactly_the_files_asked_for_across_its_threads(tmp_path, threads):
+    """Of the oldest candidates, evict() renames as many of the asked size as Recycle asks
+    (no more, whatever number of threads shares a wave), unlinks the others, and counts
+    every one of them as evicted."""
+    sizes = [FILE] * 12 + [FILE + 4096] * 4
+    for i, size in enumerate(sizes):
+        d = tmp_path / "ns" / f"{i % 3:02x}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{i:064x}.kvb").write_bytes(b"x" * size)
+    found = survey(str(tmp_path), 1 << 40)
+    recycle = Recycle(FILE, 5, str(tmp_path / "ns"))
+    reported: list[tuple[int, int]] = []
+    pool = DaemonPool(threads, "test-evict")
+    try:
+        done = evict(
+            found.candidates,
+            sum(sizes),
+            on_batch=lambda paths, nbytes, recycled: reported.append((len(paths), len(recycled))),
+            workers=threads,
+            pool=pool if threads > 1 else None,
+            root=str(tmp_path),
+            recycle=recycle,
+        )
+    finally:
+        pool.shutdown()
+    assert len(done.recycled) == 5 and recycle.files == 0
+    assert done.bytes == sum(sizes) and len(done.paths) == len(sizes)
+    assert sum(n for n, _ in reported) == len(sizes) and sum(r for _, r in reported) == 5
+    assert list(tmp_path.rglob("*.kvb")) == []
+    kept = spares_under(tmp_path)
+    assert sorted(map(str, kept)) == sorted(done.recycled)
+    assert all(p.stat().st_size == FILE for p in kept)
+
+
+def test_without_a_checksum_eviction_unlinks(tmp_path):
+    """A reader that opened a file before eviction could read it mid-overwrite; with no
+    checksum to catch that, nothing is recycled."""
+    t = Tier(tmp_path, checksum="none")
+    try:
+        for i in range(3 * BUDGET_FILES):
+            assert t.store(i).success
+            assert spares_under(tmp_path) == []
+        t.settle()
+        assert t.tier.stats()["recycled_blocks"] == 0
+        assert t.tier.stats()["evicted_blocks"] > BUDGET_FILES
+    finally:
+        t.tier.shutdown()
+
+
+def test_threads_storing_and_loading_into_a_recycling_cache_read_no_wrong_byte(tmp_path):
+    threads, per_thread = 4, 3 * BUDGET_FILES // 2
+    t = Tier(tmp_path, rows=2 * threads, n_read_threads=4, n_write_threads=4)
+    errors: list[BaseException] = []
+    loads_ok = [0] * threads
+
+    def work(n: int) -> None:
+        try:
+            for j in range(per_thread):
+                i = n * per_thread + j
+                assert t.store(i, slot=2 * n).success
+                # An older block of any thread: present (exact, checked in load) or a miss.
+                if j % 3 == 0:
+                    loads_ok[n] += bool(t.load(max(0, i - 20), slot=2 * n + 1).success)
+        except BaseException as e:
+            errors.append(e)
+
+    workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    try:
+        assert not errors, errors
+        assert sum(loads_ok) > 0
+        t.settle()
+        assert t.tier.stats()["recycled_blocks"] > 0
+        assert block_bytes_on_disk(tmp_path) <= BUDGET_FILES * FILE
+    finally:
+        t.tier.shutdown()
+    assert spares_under(tmp_path) == []
+
+
+def test_nothing_is_kept_for_the_free_space_floor(tmp_path):
+    """A kept file frees no disk space: eviction for min_free_fraction unlinks."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)])
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root?)")
+    try:
+        t = Tier(small, max_bytes=None, min_free_fraction=0.5)
+        try:
+            for i in range(100):
+                t.store(i)
+            t.settle()
+            assert t.tier.stats()["evicted_blocks"] > 0
+            assert t.tier.stats()["recycled_blocks"] == 0
+            assert spares_under(small) == []
+        finally:
+            t.tier.shutdown()
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_only_a_local_file_system_recycles(tmp_path, stallfs):
+    """On FUSE (and network file systems) a client may resolve a block's old name from its
+    cache after eviction renamed the file, and a load would then read the overwritten file:
+    eviction there unlinks. Here the FUSE mount is stallfs (not stalled)."""
+    assert _core.local_file_system(str(tmp_path))
+    assert not _core.local_file_system(str(stallfs.mountpoint))
+    assert not _core.local_file_system(str(tmp_path / "missing"))
+    fuse = Tier(stallfs.mountpoint / "root", n_read_threads=1, n_write_threads=1)
+    try:
+        for i in range(2 * BUDGET_FILES):
+            assert fuse.store(i).success
+        fuse.settle()
+        assert fuse.tier.stats()["evicted_blocks"] > 0
+        assert fuse.tier.stats()["recycled_blocks"] == 0
+        assert spares_under(stallfs.mountpoint) == []
+    finally:
+        fuse.tier.shutdown()
