@@ -795,6 +795,32 @@ KV_TEST(a_store_overwrites_the_file_eviction_kept_for_it) {
     CHECK(!kvtest::file_exists(spare2));
     CHECK(kvtest::tmp_files_below(dir.path()).empty());
 
+    // A FIFO put at a kept file's name (by anyone who may write the directory) is removed and
+    // the store writes a new file: it never waits for a reader that does not come.
+    const std::string fifo = sub + "/a/fifo.kvb.h.1.0000000000000000.1.tmp";
+    CHECK_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    op = kvtest::block(sub + "/b/fifo", "fifo", const_cast<unsigned char*>(new_bytes.data()),
+                       length);
+    op.recycle = fifo;
+    const Completion s5 = kvtest::run_job(engine, ++job, Direction::kStore, {op});
+    CHECK_MSG(s5.success, describe(s5));
+    CHECK(!kvtest::file_exists(fifo));
+    CHECK(kvtest::tmp_files_below(dir.path()).empty());
+
+    // Only a file kept under a tmp name is taken: a block file named by mistake is refused
+    // before anything is queued, and left alone.
+    kvtier::BlockOp misnamed =
+        kvtest::block(sub + "/b/x", "x", const_cast<unsigned char*>(new_bytes.data()), length);
+    misnamed.recycle = sub + "/b/new";
+    bool misnamed_refused = false;
+    try {
+      engine.submit(++job, Direction::kStore, {misnamed});
+    } catch (const std::invalid_argument&) {
+      misnamed_refused = true;
+    }
+    CHECK(misnamed_refused);
+    CHECK(kvtest::file_exists(sub + "/b/new"));
+
     // Only a store recycles: a load that names a file is refused before anything is queued.
     Memory sink(length, 0);
     kvtier::BlockOp bad = kvtest::block(sub + "/b/new", "new", sink.data(), length);

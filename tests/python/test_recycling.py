@@ -7,6 +7,7 @@ or for the free-space floor."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -122,7 +123,7 @@ def test_a_full_cache_overwrites_evicted_files_and_keeps_every_block_exact(tmp_p
 
 
 def test_kept_files_are_counted_while_they_exist_and_removed_when_idle(tmp_path, monkeypatch):
-    monkeypatch.setattr(capacity_controller, "IDLE_SECONDS", 0.5)
+    monkeypatch.setattr(capacity_controller, "IDLE_SECONDS", 3600.0)  # active throughout
     t = Tier(tmp_path)
     try:
         for i in range(2 * BUDGET_FILES):
@@ -132,6 +133,7 @@ def test_kept_files_are_counted_while_they_exist_and_removed_when_idle(tmp_path,
         assert kept, "a pass made no spares"
         # Counted as this writer's tmp files: the ledger's used bytes cover them.
         assert t.tier.stats()["used_bytes"] >= block_bytes_on_disk(tmp_path)
+        monkeypatch.setattr(capacity_controller, "IDLE_SECONDS", 0.2)  # idle from now on
         deadline = time.monotonic() + WAIT_SECONDS
         while spares_under(tmp_path) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -232,7 +234,8 @@ def test_nothing_is_kept_for_the_free_space_floor(tmp_path):
     if mounted.returncode != 0:
         pytest.skip("cannot mount a tmpfs here (not root?)")
     try:
-        t = Tier(small, max_bytes=None, min_free_fraction=0.5)
+        # A budget larger than the file system: only the floor makes eviction run.
+        t = Tier(small, max_bytes=64 << 20, min_free_fraction=0.5)
         try:
             for i in range(100):
                 t.store(i)
@@ -244,6 +247,45 @@ def test_nothing_is_kept_for_the_free_space_floor(tmp_path):
             t.tier.shutdown()
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+def test_stores_that_never_took_their_kept_files_leave_none_behind(tmp_path):
+    """A store given a kept file may fail before it takes it (its block's directory is in the
+    way), or never run (the tier shuts down with it queued): the file is removed all the same
+    (the capacity thread, or shutdown), and counted until it is."""
+    t = Tier(tmp_path, n_write_threads=1)
+    try:
+        i = 0
+        while not t.tier._capacity._spares:  # the cache full, and a spare kept right now
+            assert t.store(i).success and i < 10 * BUDGET_FILES
+            i += 1
+        t.settle()
+        spare = t.tier._capacity._spares[-1]  # the next store's (white box)
+        blocked = next(
+            k
+            for k in range(10**6, 10**6 + 1000)
+            if not Path(t.tier.file_mapper.get_file_name(key(k))).parent.exists()
+        )
+        leaf = Path(t.tier.file_mapper.get_file_name(key(blocked))).parent
+        leaf.parent.mkdir(parents=True, exist_ok=True)
+        leaf.write_bytes(b"in the way")
+        assert not t.store(blocked).success
+        assert t.tier.stats()["used_bytes"] >= block_bytes_on_disk(tmp_path)
+        deadline = time.monotonic() + WAIT_SECONDS
+        while os.path.exists(spare) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(spare)
+        leaf.unlink()
+        # Queued stores holding kept files, then shutdown: none is left on disk.
+        base = 2 * 10**6
+        for i in range(3 * BUDGET_FILES):
+            t.buf[0] = payload(base + i)
+            job = JobMetadata(base + i, [key(base + i)], np.zeros(1, dtype=np.int64), False, CTX)
+            t.tier.submit_store(job)
+        assert t.tier.stats()["recycled_blocks"] > 0
+    finally:
+        t.tier.shutdown()
+    assert spares_under(tmp_path) == []
 
 
 def test_only_a_local_file_system_recycles(tmp_path, stallfs):
@@ -263,3 +305,20 @@ def test_only_a_local_file_system_recycles(tmp_path, stallfs):
         assert spares_under(stallfs.mountpoint) == []
     finally:
         fuse.tier.shutdown()
+
+
+def test_a_tier_without_checksums_keeps_its_blocks_apart(tmp_path):
+    """A reader that checks no CRC could return a recycled file's torn bytes, so a tier with
+    checksum "none" has its own namespace; tiers with the default keep the one every earlier
+    version used (no "checksum" among the layout fields)."""
+    checking, trusting = Tier(tmp_path), Tier(tmp_path, checksum="none")
+    try:
+        assert "checksum" not in checking.tier.file_mapper.layout
+        assert trusting.tier.file_mapper.layout["checksum"] == "none"
+        assert checking.tier.file_mapper.namespace != trusting.tier.file_mapper.namespace
+        assert checking.store(1).success
+        assert not trusting.load(1).success  # a miss: never the checking tier's file
+        assert trusting.store(2).success and trusting.load(2).success
+    finally:
+        checking.tier.shutdown()
+        trusting.tier.shutdown()

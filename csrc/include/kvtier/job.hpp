@@ -40,11 +40,12 @@ struct BlockOp {
   void* data = nullptr;
   std::size_t length = 0;  ///< payload bytes of `data`
   std::vector<Segment> segments;
-  /// Stores only, optional: a file below the root that eviction kept for reuse (see
-  /// Recycling in files.hpp) to overwrite instead of creating a new one. It becomes the
-  /// store's tmp file when it is a regular file of the caller's user with one link and exactly
-  /// the size this store writes; otherwise it is removed and a new file created. Either way
-  /// the store consumes it: after the job, nothing is left at this path.
+  /// Stores only, optional: a file below the root that eviction kept for reuse under a tmp
+  /// file name (see Recycling in files.hpp) to overwrite instead of creating a new one. It
+  /// becomes the store's tmp file when it is a regular file of the caller's user with one link
+  /// and exactly the size this store writes; otherwise it is removed and a new file created.
+  /// A block that fails before its store gets that far (its directory cannot be made, the job
+  /// is cancelled) leaves it where it is: the caller removes it then.
   std::string recycle;
 
   /// Payload bytes, whichever form the payload takes.

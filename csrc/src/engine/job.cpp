@@ -2,10 +2,24 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include <kvtier/format.hpp>
 
 namespace kvtier::detail {
+
+namespace {
+
+// Whether the last component of `path` ends in ".tmp", as every tmp file name does
+// (tmp_file_name()): what eviction keeps for reuse, never a block file.
+bool named_like_a_tmp_file(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  const std::string_view name =
+      std::string_view(path).substr(slash == std::string::npos ? 0 : slash + 1);
+  return name.size() > 4 && name.substr(name.size() - 4) == ".tmp";
+}
+
+}  // namespace
 
 bool check_blocks(const std::vector<BlockOp>& blocks, Direction direction, bool cuda_enabled) {
   bool any_device = false;
@@ -13,6 +27,9 @@ bool check_blocks(const std::vector<BlockOp>& blocks, Direction direction, bool 
     if (op.path.empty()) throw std::invalid_argument("block path must not be empty");
     if (direction == Direction::kLoad && !op.recycle.empty())
       throw std::invalid_argument("only a store can recycle a file: " + op.path);
+    // Only a file eviction kept under a tmp name: never a block file of another key.
+    if (!op.recycle.empty() && !named_like_a_tmp_file(op.recycle))
+      throw std::invalid_argument("a file to recycle must have a tmp file name: " + op.recycle);
     if (op.data == nullptr && op.length > 0)
       throw std::invalid_argument("block data must not be null: " + op.path);
     if (!op.segments.empty() && op.data != nullptr)

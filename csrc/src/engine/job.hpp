@@ -101,7 +101,8 @@ inline bool path_beneath(const std::string& path, std::string_view directory) no
 /// Checks the blocks of a job before anything is allocated for it; returns whether any
 /// segment is device memory. Throws std::invalid_argument for an empty path, null data or
 /// segment address, data together with segments, device memory without `cuda_enabled`, or a
-/// key longer than kMaxKeySize, or a load block that names a file to recycle.
+/// key longer than kMaxKeySize, a load block that names a file to recycle, or a file to
+/// recycle whose name is not a tmp file name.
 bool check_blocks(const std::vector<BlockOp>& blocks, Direction direction, bool cuda_enabled);
 
 /// A fresh job over `blocks`, submitted now, with everything its scheduling will need

@@ -270,10 +270,19 @@ FileDescriptor adopt_recycled(const IoContext& ctx, const BlockOp& op, const Loc
     ::unlinkat(from.dir.get(), from.name.c_str(), 0);
     return {};
   }
+  // Whoever may write the directory may have put something else at the kept file's name:
+  // only a regular file is opened (O_NONBLOCK, O_NOCTTY: a FIFO or a device that replaced it
+  // after this look fails the open or the checks below instead of hanging the worker).
+  struct stat st;
+  if (::fstatat(loc.dir.get(), tmp.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+      !S_ISREG(st.st_mode)) {
+    ::unlinkat(loc.dir.get(), tmp.c_str(), 0);
+    return {};
+  }
   BlockResult opened;
   bool open_direct = direct;
-  FileDescriptor fd = open_at(ctx, loc, tmp, O_WRONLY | O_CLOEXEC, open_direct, opened);
-  struct stat st;
+  FileDescriptor fd =
+      open_at(ctx, loc, tmp, O_WRONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, open_direct, opened);
   const mode_t mode = ctx.config->file_mode;
   const bool usable =
       fd && lock_tmp_file(fd.get()) != EAGAIN && ::fstat(fd.get(), &st) == 0 &&

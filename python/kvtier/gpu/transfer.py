@@ -90,7 +90,9 @@ class GPUStorageTransfer(EngineIoReport):
         # Checked once here, as the fs tier checks its view: stores still work.
         self._read_only = None if self._on_gpu else read_only_tensor(described)
 
-        self.file_mapper = FileMapper(opts.root_dir, offloading_spec, self.block_bytes)
+        self.file_mapper = FileMapper(
+            opts.root_dir, offloading_spec, self.block_bytes, opts.checksum
+        )
         with naming(self.file_mapper.config_path):
             self.file_mapper.prepare(opts.file_mode)
         self._engine = open_engine(

@@ -303,7 +303,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
             )
         pool_layout = _PoolLayout.of(mem_pool_host)
         spec = _spec(self.storage_config, mem_pool_host, pool_layout)
-        mapper = FileMapper(self.options.root_dir, spec, pool_layout.page_bytes)
+        mapper = FileMapper(
+            self.options.root_dir, spec, pool_layout.page_bytes, self.options.checksum
+        )
         mapper.prepare(self.options.file_mode)
         # Crashed writers of this host leave tmp files; nobody else will ever rename them.
         sweep_dead_tmp_files([mapper.namespace_dir], [mapper.rank_dir], host_label())

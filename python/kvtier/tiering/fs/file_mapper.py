@@ -124,8 +124,16 @@ def tmp_writer_alive(path: str, host: str | None = None) -> bool:
     return state == "alive"
 
 
-def layout_fields(spec: OffloadingSpec, block_bytes: int) -> dict[str, Any]:
-    """Everything that determines a block's bytes; the rank is deliberately absent."""
+def layout_fields(
+    spec: OffloadingSpec, block_bytes: int, checksum: str = "crc32c"
+) -> dict[str, Any]:
+    """Everything that determines a block's bytes; the rank is deliberately absent.
+
+    ``checksum: "none"`` is part of it (and "crc32c", the default, is not, so that the
+    namespaces of tiers with the default are those of every earlier version): a writer that
+    checks CRCs may recycle an evicted file while a reader that opened it before still reads
+    it (docs/tiers.md, "Recycling evicted files"), which only the reader's own CRC check
+    catches. A tier that checks none keeps its blocks apart."""
     fields = {
         "format_version": int(_core.FORMAT_VERSION),
         "model_name": spec.model_name,
@@ -140,6 +148,8 @@ def layout_fields(spec: OffloadingSpec, block_bytes: int) -> dict[str, Any]:
         "kv_cache_groups": spec.kv_cache_groups,
         "block_bytes": block_bytes,
     }
+    if checksum != "crc32c":
+        fields["checksum"] = checksum
     # Round-trip through JSON so the fields compare equal to what config.json reads back
     # (tuples become lists, objects become their repr).
     return json.loads(_canonical_json(fields))
@@ -161,9 +171,15 @@ def _slug(text: str) -> str:
 class FileMapper:
     """Maps keys to block file paths for one (layout, rank) under a root directory."""
 
-    def __init__(self, root_dir: str, offloading_spec: OffloadingSpec, block_bytes: int) -> None:
+    def __init__(
+        self,
+        root_dir: str,
+        offloading_spec: OffloadingSpec,
+        block_bytes: int,
+        checksum: str = "crc32c",
+    ) -> None:
         self.root_dir = os.path.abspath(root_dir)
-        self.layout = layout_fields(offloading_spec, block_bytes)
+        self.layout = layout_fields(offloading_spec, block_bytes, checksum)
         self.fingerprint: bytes = layout_fingerprint(self.layout)
         self.namespace = (
             f"{_slug(offloading_spec.model_name)}-{self.fingerprint.hex()[:_NAMESPACE_HASH_CHARS]}"

@@ -60,6 +60,8 @@ class _Job:
     # A store that holds budget for its blocks (capacity): their files, kept from the submit
     # so that reporting it (get_finished, on the caller's thread) names none of them again.
     admitted_paths: tuple[str, ...] | None = None
+    # Evicted files admission gave its first blocks to overwrite (BlockOp::recycle).
+    spares: tuple[str, ...] = ()
     epoch: int = 0  # the root's health epoch at submission (a timeout of older work is stale)
 
 
@@ -97,7 +99,9 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         except (BufferError, TypeError, ValueError):
             self._writable = False
 
-        self.file_mapper = FileMapper(opts.root_dir, offloading_spec, self._block_size_bytes)
+        self.file_mapper = FileMapper(
+            opts.root_dir, offloading_spec, self._block_size_bytes, opts.checksum
+        )
         with naming(self.file_mapper.config_path):
             self.file_mapper.prepare(opts.file_mode)
         # Crashed writers of this host leave tmp files; nobody else will ever rename them.
@@ -328,11 +332,12 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             job = self._jobs.get(job_id)
             if job is not None:
                 job.admitted_paths = tuple(b[0] for b in blocks)
+                job.spares = tuple(spares)
         try:
             self._engine.submit_store(job_id, _recycling(blocks, spares))
         except BaseException:
-            self._capacity.give_back_spares(spares)  # the engine took none: all or nothing
-            self._capacity.finish_store(len(keys), 0, [b[0] for b in blocks])
+            # The engine took nothing (all or nothing): every spare is still there.
+            self._capacity.finish_store(len(keys), 0, [b[0] for b in blocks], spares, spares)
             raise
         self._fail_if_degraded()
 
@@ -420,7 +425,9 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             # mtime is its use; a block that was there already is used by this store.
             new_blocks = c.bytes // max(1, self._block_size_bytes)
             paths = job.admitted_paths
-            self._capacity.finish_store(len(keys), new_blocks, list(paths))
+            # A block that failed may have failed before its store took its spare.
+            leftover = [s for s, e in zip(job.spares, errnos) if e != 0]
+            self._capacity.finish_store(len(keys), new_blocks, list(paths), job.spares, leftover)
             if new_blocks < len(keys):
                 self._capacity.record_use([p for p, e in zip(paths, errnos) if e == 0])
         ok_keys = [k for k, e in zip(keys, errnos) if e == 0]

@@ -166,6 +166,11 @@ class CapacityController:
         # this instance's stores all the same, so left out of what makes eviction run
         # (_demand) and counted as reservation by _serve.
         self._spares: list[str] = []
+        # Spares given to stores not finished yet, and spares of finished stores that may
+        # still exist (their block failed first): the capacity thread removes the latter, and
+        # _finish both (a store that finds its spare gone creates a new file).
+        self._handed: set[str] = set()
+        self._leftover: list[str] = []
         self._recycle_files = 0  # how many at most (0: this instance does not recycle)
         self._recycle_below = recycle_below or ""
         if recycle_below is not None and policy.max_bytes is not None:
@@ -281,8 +286,7 @@ class CapacityController:
         ``spares``, for an instance that recycles: once the store is admitted, it holds up to
         ``n_blocks`` recycled files (at most one per block, for the first blocks), which then
         need no room of their own. The caller hands each to its block's store
-        (``BlockOp::recycle``, which consumes it whatever happens) or, if the store is never
-        submitted, back through give_back_spares() before finish_store().
+        (``BlockOp::recycle``) and names them again in finish_store().
 
         Returns None (admitted), a reason the store is refused, or, with ``then``, DEFERRED:
         there is no room right now, and ``then(None)`` (admitted) or ``then(reason)`` will be
@@ -375,23 +379,26 @@ class CapacityController:
         (call under _lock)."""
         taken = self._spares[-n:]
         del self._spares[-n:]
+        self._handed.update(taken)
         self.recycled_blocks += n
         return taken
 
-    def give_back_spares(self, spares: list[str]) -> None:
-        """Spares admit() handed out for a store that was never submitted: kept for the next
-        stores (call before that store's finish_store)."""
-        if spares:
-            with self._lock:
-                self._spares += spares
-                self.recycled_blocks -= len(spares)
-                self._inflight += len(spares) * self.file_bytes
-
     def _take_spares(self) -> list[str]:
-        """Every spare, no longer counted (call under _lock); the caller removes them."""
+        """Every spare kept ahead, no longer counted (call under _lock); the caller removes
+        them."""
         spares, self._spares = self._spares, []
         self._inflight -= len(spares) * self.file_bytes
         return spares
+
+    def _remove_leftovers(self) -> None:
+        """Remove spares of finished stores that may still exist; counted until then (the
+        capacity thread's: unlinks may wait on the storage)."""
+        with self._lock:
+            leftover, self._leftover = self._leftover, []
+        if leftover:
+            _remove_spares(leftover)
+            with self._lock:
+                self._inflight -= len(leftover) * self.file_bytes
 
     def _hold(self, paths: Sequence[str]) -> None:
         """Keep ``paths`` from eviction while their store runs (call under _lock)."""
@@ -444,20 +451,36 @@ class CapacityController:
             f"eviction={self.policy.eviction!r})"
         )
 
-    def finish_store(self, n_blocks: int, new_blocks: int, paths: Sequence[str] = ()) -> None:
+    def finish_store(
+        self,
+        n_blocks: int,
+        new_blocks: int,
+        paths: Sequence[str] = (),
+        spares: Sequence[str] = (),
+        leftover: Sequence[str] = (),
+    ) -> None:
         """A store admitted for ``n_blocks`` finished having created ``new_blocks`` files;
-        ``paths`` are those passed to admit()."""
+        ``paths`` and ``spares`` are those of admit(). ``leftover``: its spares that may still
+        exist (a block that failed before its store took the file, or a store never
+        submitted): they stay counted until the capacity thread has removed them."""
         reserved = n_blocks * self.file_bytes
         kept = min(new_blocks, n_blocks) * self.file_bytes
+        left = len(leftover) * self.file_bytes
         with self._lock:
             self._release(paths)
             self._fruitless = False  # its files may be evicted now
             if self._collect_stored:
                 self._keep_for_refill(paths)
+            self._handed.difference_update(spares)
             self._inflight -= reserved
             self._added += kept
             if self.policy.max_bytes is not None:
-                self._pool += reserved - kept
+                self._pool += reserved - kept - left
+            if leftover and not self._closed:  # once closed, _finish removed them already
+                self._inflight += left
+                self._leftover += leftover
+        if leftover:
+            self._poke()
 
     def _keep_for_refill(self, paths: Sequence[str]) -> None:
         """Remember ``paths`` as later candidates (call under _lock)."""
@@ -556,6 +579,7 @@ class CapacityController:
             # system's used bytes (LedgerState.bounded_used): without this scan now, stores
             # would wait RECONCILE_SECONDS on a count that never comes.
             self._recount = True
+        self._remove_leftovers()
         st = os.statvfs(self.root)
         self._observe(st)
         self._state = self.ledger.read()
@@ -1023,7 +1047,12 @@ class CapacityController:
             waiting, self._waiting = list(self._waiting), deque()
             for w in waiting:
                 self._release(w.paths)
-            spares = self._take_spares()
+            # Spares kept ahead, given to stores still queued or running (such a store creates
+            # a new file once its spare is gone), and left over: none is to be counted again.
+            spares = self._take_spares() + sorted(self._handed) + self._leftover
+            self._handed.clear()
+            self._inflight -= len(self._leftover) * self.file_bytes
+            self._leftover = []
             self._added += self._inflight
             self._pool = self._inflight = 0
             record = self._record()
