@@ -807,6 +807,22 @@ KV_TEST(a_store_overwrites_the_file_eviction_kept_for_it) {
     CHECK(!kvtest::file_exists(fifo));
     CHECK(kvtest::tmp_files_below(dir.path()).empty());
 
+    // A kept file whose directory cannot be opened (here a link on the way, never followed)
+    // may still be there, where the store cannot remove it: the block fails, naming the
+    // error, and the file is left for the caller to remove.
+    std::filesystem::create_directories(sub + "/real");
+    const std::string behind = sub + "/real/x.kvb.h.1.0000000000000000.2.tmp";
+    std::ofstream(behind) << "kept";
+    std::filesystem::create_directory_symlink(sub + "/real", sub + "/link");
+    op = kvtest::block(sub + "/b/linked", "linked", const_cast<unsigned char*>(new_bytes.data()),
+                       length);
+    op.recycle = sub + "/link/x.kvb.h.1.0000000000000000.2.tmp";
+    const Completion s6 = kvtest::run_job(engine, ++job, Direction::kStore, {op});
+    CHECK_MSG(!s6.success && s6.block_errnos[0] == ELOOP, describe(s6));
+    CHECK(kvtest::file_exists(behind) && !kvtest::file_exists(sub + "/b/linked"));
+    std::filesystem::remove_all(sub + "/real");
+    std::filesystem::remove(sub + "/link");
+
     // Only a file kept under a tmp name is taken: a block file named by mistake is refused
     // before anything is queued, and left alone.
     kvtier::BlockOp misnamed =

@@ -45,7 +45,9 @@ struct BlockOp {
   /// becomes the store's tmp file when it is a regular file of the caller's user with one link
   /// and exactly the size this store writes; otherwise it is removed and a new file created.
   /// A block that fails before its store gets that far (its directory cannot be made, the job
-  /// is cancelled) leaves it where it is: the caller removes it then.
+  /// is cancelled), or fails because the kept file's directory cannot be opened (EIO, a link
+  /// on the way), leaves it where it is: the caller removes it then. A block that succeeds
+  /// has consumed it.
   std::string recycle;
 
   /// Payload bytes, whichever form the payload takes.

@@ -242,19 +242,27 @@ FileDescriptor create_tmp(const IoContext& ctx, const Location& loc, std::string
 }
 
 // A file eviction kept for reuse (BlockOp::recycle) as this store's tmp file: renamed next
-// to the block under a new tmp name, opened for writing, locked, and used only if it is a
-// regular file of this user with one link and exactly the size the store writes (every byte
-// of it is then overwritten). Otherwise, or when any step fails, it is removed (the store
-// consumes it either way: the tier counted it as this store's), unless its directory cannot
-// be reached below the root, and an empty descriptor returned, for a new file to be created. The
-// rename comes before the open so that no reader can open it by the evicted block's name any more;
-// a reader that opened it before eviction may still read it while it is overwritten and then fails
-// the block's checksum.
+// to the block under a new tmp name, looked at (a regular file only), opened for writing
+// without blocking, locked, and used only if it is a regular file of this user with one link
+// and exactly the size the store writes (every byte of it is then overwritten). Otherwise, or
+// when any step fails, it is removed (a block that succeeds has consumed it) and an empty
+// descriptor returned, for a new file to be created. The rename comes before the open so that
+// no reader can open it by the evicted block's name any more; a reader that opened it before
+// eviction may still read it while it is overwritten and then fails the block's checksum.
+// `unreachable`: the kept file's directory could not be opened for another reason than its
+// absence (EIO, EMFILE, a link planted on the way): the file may still be there, where this
+// store cannot remove it, so the block fails (`result`, naming it) and the caller, who sees
+// the block failed, removes it (BlockOp::recycle).
 FileDescriptor adopt_recycled(const IoContext& ctx, const BlockOp& op, const Location& loc,
-                              std::string& tmp, bool& direct, bool& fell_back) {
+                              std::string& tmp, bool& direct, bool& fell_back, BlockResult& result,
+                              bool& unreachable) {
   Location from;
-  BlockResult ignored;
-  if (!locate(ctx, op.recycle, /*create=*/false, from, ignored)) return {};
+  BlockResult where;
+  if (!locate(ctx, op.recycle, /*create=*/false, from, where)) {
+    unreachable = where.error != ENOENT;
+    if (unreachable) result = where;
+    return {};
+  }
   tmp = tmp_file_name(loc.name);
   int renamed = -1;
 #ifdef RENAME_NOREPLACE
@@ -316,11 +324,14 @@ bool open_tmp(const IoContext& ctx, const BlockOp& op, BlockFile& file, BlockRes
   if (!locate(ctx, op.path, /*create=*/true, file.loc, result)) return false;
   file.direct = ctx.direct;
   if (!op.recycle.empty()) {
-    file.fd = adopt_recycled(ctx, op, file.loc, file.tmp, file.direct, file.fell_back);
+    bool unreachable = false;
+    file.fd = adopt_recycled(ctx, op, file.loc, file.tmp, file.direct, file.fell_back, result,
+                             unreachable);
     if (file.fd) {
       result.o_direct_fallback = file.fell_back;
       return true;  // its mode was made exact, whatever the umask
     }
+    if (unreachable) return false;
   }
   file.fd = create_tmp(ctx, file.loc, file.tmp, file.direct, result);
   if (!file.fd) return false;

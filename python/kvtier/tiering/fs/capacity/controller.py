@@ -396,9 +396,10 @@ class CapacityController:
         with self._lock:
             leftover, self._leftover = self._leftover, []
         if leftover:
-            _remove_spares(leftover)
+            kept = _remove_spares(leftover)  # tried again next tick, counted until then
             with self._lock:
-                self._inflight -= len(leftover) * self.file_bytes
+                self._inflight -= (len(leftover) - len(kept)) * self.file_bytes
+                self._leftover += kept
 
     def _hold(self, paths: Sequence[str]) -> None:
         """Keep ``paths`` from eviction while their store runs (call under _lock)."""
@@ -645,7 +646,10 @@ class CapacityController:
             spare = len(self._spares) * self.file_bytes
             short = target - self._pool - spare
             first = self._waiting[0].need - self._pool - spare if self._waiting else 0
-        _remove_spares(idle_spares)
+        if idle_spares and (kept := _remove_spares(idle_spares)):
+            with self._lock:  # still on disk: kept (and counted) for a later try
+                self._spares += kept
+                self._inflight += len(kept) * self.file_bytes
         # As much of what is wanted as fits, if that serves the oldest waiting store.
         take = min(short, budget - self._taken(self._state, st)) if short > 0 else 0
         if take >= max(first, 1):
@@ -1059,7 +1063,7 @@ class CapacityController:
         for w in waiting:
             w.then(self._refusal(w.need, "the tier is shutting down", errno.ECANCELED))
         try:
-            _remove_spares(spares)
+            _remove_spares(spares)  # any left is an unlocked tmp file: a start-up sweep's
             if self._unlinkers is not None:
                 self._unlinkers.shutdown()
             self.recency.flush()
@@ -1119,16 +1123,20 @@ class CapacityController:
             self._refuse_waiting(reason, errno.ETIMEDOUT)
 
 
-def _remove_spares(spares: list[str]) -> None:
-    """Unlink spares nobody took (a sweep or gc may have been first). Their names are this
-    process's own tmp names, which nothing else carries."""
+def _remove_spares(spares: list[str]) -> list[str]:
+    """Unlink spares nobody took (a sweep or gc may have been first); returns those that could
+    not be removed (still there: to be counted). Their names are this process's own tmp names,
+    which nothing else carries."""
+    failed = []
     for path in spares:
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
-        except OSError as e:  # left for a sweep: it is an unlocked tmp file
+        except OSError as e:
             logger.warning("Could not remove the evicted file kept for reuse %s: %s", path, e)
+            failed.append(path)
+    return failed
 
 
 def _idle(racers: dict[str, tuple[int, int]]) -> bool:
