@@ -828,26 +828,14 @@ KV_TEST(a_store_overwrites_the_file_eviction_kept_for_it) {
     kvtier::BlockOp misnamed =
         kvtest::block(sub + "/b/x", "x", const_cast<unsigned char*>(new_bytes.data()), length);
     misnamed.recycle = sub + "/b/new";
-    bool misnamed_refused = false;
-    try {
-      engine.submit(++job, Direction::kStore, {misnamed});
-    } catch (const std::invalid_argument&) {
-      misnamed_refused = true;
-    }
-    CHECK(misnamed_refused);
+    CHECK_THROWS(std::invalid_argument, engine.submit(++job, Direction::kStore, {misnamed}));
     CHECK(kvtest::file_exists(sub + "/b/new"));
 
     // Only a store recycles: a load that names a file is refused before anything is queued.
     Memory sink(length, 0);
     kvtier::BlockOp bad = kvtest::block(sub + "/b/new", "new", sink.data(), length);
     bad.recycle = sub + "/a/x.tmp";
-    bool refused = false;
-    try {
-      engine.submit(++job, Direction::kLoad, {bad});
-    } catch (const std::invalid_argument&) {
-      refused = true;
-    }
-    CHECK(refused);
+    CHECK_THROWS(std::invalid_argument, engine.submit(++job, Direction::kLoad, {bad}));
   }
 }
 

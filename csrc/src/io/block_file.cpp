@@ -263,18 +263,9 @@ FileDescriptor adopt_recycled(const IoContext& ctx, const BlockOp& op, const Loc
     if (unreachable) result = where;
     return {};
   }
+  // The new name is this writer's own (tmp_file_name): a plain rename replaces nothing.
   tmp = tmp_file_name(loc.name);
-  int renamed = -1;
-#ifdef RENAME_NOREPLACE
-  renamed =
-      ::renameat2(from.dir.get(), from.name.c_str(), loc.dir.get(), tmp.c_str(), RENAME_NOREPLACE);
-  if (renamed != 0 && errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
-    ::unlinkat(from.dir.get(), from.name.c_str(), 0);
-    return {};
-  }
-#endif
-  if (renamed != 0 &&
-      ::renameat(from.dir.get(), from.name.c_str(), loc.dir.get(), tmp.c_str()) != 0) {
+  if (::renameat(from.dir.get(), from.name.c_str(), loc.dir.get(), tmp.c_str()) != 0) {
     ::unlinkat(from.dir.get(), from.name.c_str(), 0);
     return {};
   }
