@@ -275,20 +275,15 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             # submitted later from the capacity thread, or fails there (never waits here).
             with self._lock:
                 self._admitting += 1
-            spares: list[str] = []  # evicted files the store may overwrite (admit())
+            store = _Admission(self, job_id, keys, blocks)
             try:
-                admitted = self._capacity.admit(
-                    len(keys),
-                    lambda refusal: self._admitted(job_id, keys, blocks, refusal, True, spares),
-                    [b[0] for b in blocks],
-                    spares,
-                )
+                admitted = self._capacity.admit(len(keys), store, store.paths, store.spares)
             except BaseException:
                 self._admission_done()
                 raise
             if not isinstance(admitted, Deferred):
                 self._admission_done()
-                self._admitted(job_id, keys, blocks, admitted, False, spares)
+                self._admitted(store, admitted, False)
         except ShutDownError:
             self._forget(job_id, is_load)
             raise
@@ -303,22 +298,14 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
                 raise
             self._fail(job_id, is_load, f"submit_{'load' if is_load else 'store'}: {e}")
 
-    def _admitted(
-        self,
-        job_id: JobId,
-        keys: tuple[OffloadKey, ...],
-        blocks: list[tuple[str, bytes, int, int]],
-        refusal: str | None,
-        deferred: bool,
-        spares: list[str],
-    ) -> None:
+    def _admitted(self, store: _Admission, refusal: str | None, deferred: bool) -> None:
         """A store's admission: submit it, or fail it like a full store queue (a later miss;
         loads go on). Runs on the caller's thread or, when the store waited for budget, on
-        the capacity thread. ``spares``: the evicted files admission gave its first blocks
-        to overwrite."""
+        the capacity thread."""
+        job_id, spares = store.job_id, store.spares
         if deferred:
             try:
-                self._admitted(job_id, keys, blocks, refusal, False, spares)
+                self._admitted(store, refusal, False)
             except BaseException as e:
                 reason = "the tier shut down" if self._engine.is_shut_down else str(e)
                 self._fail(job_id, False, f"submit_store: {reason}")
@@ -331,13 +318,13 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
         with self._lock:
             job = self._jobs.get(job_id)
             if job is not None:
-                job.admitted_paths = tuple(b[0] for b in blocks)
+                job.admitted_paths = store.paths
                 job.spares = tuple(spares)
         try:
-            self._engine.submit_store(job_id, _recycling(blocks, spares))
+            self._engine.submit_store(job_id, _recycling(store.blocks, spares))
         except BaseException:
             # The engine took nothing (all or nothing): every spare is still there.
-            self._capacity.finish_store(len(keys), 0, [b[0] for b in blocks], spares, spares)
+            self._capacity.finish_store(len(store.keys), 0, list(store.paths), spares, spares)
             raise
         self._fail_if_degraded()
 
@@ -569,6 +556,33 @@ def _may_recycle(opts: FsTierOptions) -> bool:
     checksum, and on a local file system, where no reader reaches it by its old name after
     the rename (a network client's name cache might, and fail loads that would have hit)."""
     return opts.checksum == "crc32c" and _core.local_file_system(opts.root_dir)
+
+
+class _Admission:
+    """A store on its way through admission: called with the budget's answer when the store
+    had to wait for room (on the capacity thread). A callable with slots rather than a
+    closure: a closure and its cells are five more objects for the collector per store, and
+    the collector's young passes run on whichever thread allocates next, the caller's most
+    of all (a full cache defers most stores; docs/PERFORMANCE.md section 33)."""
+
+    __slots__ = ("tier", "job_id", "keys", "blocks", "paths", "spares")
+
+    def __init__(
+        self,
+        tier: FileSystemTierManager,
+        job_id: JobId,
+        keys: tuple[OffloadKey, ...],
+        blocks: list[tuple[str, bytes, int, int]],
+    ) -> None:
+        self.tier = tier
+        self.job_id = job_id
+        self.keys = keys
+        self.blocks = blocks
+        self.paths = tuple(b[0] for b in blocks)  # kept from eviction; reported at the end
+        self.spares: list[str] = []  # evicted files admission gives its first blocks
+
+    def __call__(self, refusal: str | None) -> None:
+        self.tier._admitted(self, refusal, True)
 
 
 def _recycling(

@@ -494,6 +494,12 @@ class CapacityController:
         self.recency.record(paths)
 
     def request_eviction(self) -> None:
+        """Ask the thread for an eviction pass. Asked already and not started yet: the pass
+        to come sees what the caller changed before asking (the thread clears the flag before
+        it looks), so a second wake-up would only hand it the GIL between the caller's stores.
+        Read unlocked, like _poke."""
+        if self._evict_asked:
+            return
         with self._wake:
             self._evict_asked = True
             self._wake.notify_all()  # the thread, and wait_idle's waiters (they wait on more)
