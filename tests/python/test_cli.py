@@ -100,10 +100,16 @@ def test_bench_reports_every_throughput_figure(tiny_run: dict) -> None:
         tp = entry["tiers"]["kvtier"]["throughput"]
         for key in ("store_gbps", "load_gbps", "store_cpu_s_per_gib", "load_cpu_s_per_gib"):
             assert tp[key] > 0, key
+        # Each direction twice: the first pass (a new root, a new tier) kept apart.
+        for key in ("first_store_gbps", "first_load_gbps", "first_load_cpu_s_per_gib"):
+            assert tp[key] > 0 and len(tp["spread"][key]) == 2, key
         assert len(tp["runs"]) == 2  # --repeat 2: medians of two runs
         assert all(r["cache_bypass"] in ("O_DIRECT", "posix_fadvise(DONTNEED)") for r in tp["runs"])
     assert set(results["cache_bypass"]) == {"kvtier"}
     assert results["config"]["statistic"].startswith("median of 2 runs")
+    lines = tiny_run["proc"].stdout.splitlines()
+    header = next(line for line in lines if line.startswith("block / tier") and "1st" in line)
+    assert header.split()[-6:] == ["1st", "store", "GB/s", "1st", "load", "GB/s"]
 
 
 def test_bench_reports_interference_and_ordered_latency_percentiles(tiny_run: dict) -> None:

@@ -195,6 +195,7 @@ def render(results: dict) -> str:
                     _f(tp.get("store_cpu_s_per_gib"), "{:.3f}"),
                     _f(tp.get("load_cpu_s_per_gib"), "{:.3f}"),
                     _f(tp.get("first_store_gbps")),
+                    _f(tp.get("first_load_gbps")),
                 ]
             )
         for ceiling in BASIC_CEILINGS:
@@ -210,6 +211,7 @@ def render(results: dict) -> str:
                     _f(fio.get("write_cpu_s_per_gib"), "{:.3f}"),
                     _f(fio.get("read_cpu_s_per_gib"), "{:.3f}"),
                     "",
+                    "",
                 ]
             )
         best = _best_load(entry)
@@ -224,16 +226,27 @@ def render(results: dict) -> str:
                     "-",
                     _f(fio.get("read_cpu_s_per_gib"), "{:.3f}"),
                     "",
+                    "",
                 ]
             )
     out.append(
         "Throughput (GB/s = 1e9 bytes/s, median (min-max) of the runs; CPU = process CPU "
         "seconds per GiB moved;\nstore = into existing directories, 1st store = the same "
-        "blocks into a fresh root, which also creates the tier's directory tree)"
+        "blocks into a fresh root, which also creates the tier's directory tree;\nload = "
+        "the second load of the blocks, 1st load = the first, with what a tier sets up on "
+        "first use)"
     )
     out.append(
         _table(
-            ["block / tier", "store GB/s", "load GB/s", "store CPU", "load CPU", "1st store GB/s"],
+            [
+                "block / tier",
+                "store GB/s",
+                "load GB/s",
+                "store CPU",
+                "load CPU",
+                "1st store GB/s",
+                "1st load GB/s",
+            ],
             rows,
         )
     )

@@ -635,6 +635,8 @@ def _measure(config: BenchConfig, plan: _Plan, progress: Progress) -> dict:
                         "load_cpu_s_per_gib",
                         "first_store_gbps",
                         "first_store_cpu_s_per_gib",
+                        "first_load_gbps",
+                        "first_load_cpu_s_per_gib",
                     ),
                 ),
                 "interference": summarize_runs(
