@@ -15,12 +15,24 @@ import statistics
 import sys
 from pathlib import Path
 
+
+def _first_load(k: dict, key: str) -> float:
+    """The first load pass's figure. A build whose bench predates the two load passes
+    (docs/PERFORMANCE.md section 34) timed only that pass, as ``load_*``."""
+    tp = k["throughput"]
+    return tp.get(f"first_{key}", tp[key])
+
+
 # kvtier alone: the figures compared, and how each is read out of a block size's result.
 _ALONE = {
     "store GB/s": lambda k: k["throughput"]["store_gbps"],
     "load GB/s": lambda k: k["throughput"]["load_gbps"],
     "store CPU s/GiB": lambda k: k["throughput"]["store_cpu_s_per_gib"],
     "load CPU s/GiB": lambda k: k["throughput"]["load_cpu_s_per_gib"],
+    # The same kind of pass in both builds whatever their bench: compare these when one of
+    # them predates the two load passes (main() says so).
+    "1st load GB/s": lambda k: _first_load(k, "load_gbps"),
+    "1st load CPU s/GiB": lambda k: _first_load(k, "load_cpu_s_per_gib"),
     "loop kept": lambda k: k["interference"]["ratio"],
     "load p95 idle ms": lambda k: k["latency"]["idle"]["p95_ms"],
     "load p95 flood ms": lambda k: k["latency"]["flood"]["p95_ms"],
@@ -81,16 +93,23 @@ def _alone(runs: dict[tuple[str, str], dict[tuple[str, str], dict]]) -> None:
 def main() -> int:
     with_peer: dict[tuple[str, str, str], list[tuple[dict, dict]]] = collections.defaultdict(list)
     alone: dict[tuple[str, str], dict[tuple[str, str], dict]] = collections.defaultdict(dict)
+    passes: dict[str, set[bool]] = collections.defaultdict(set)  # build: two load passes?
     for path in sorted(Path(sys.argv[1]).glob("*.json")):
         who, threads, round_ = path.stem.split("-")
         for size in json.loads(path.read_text())["sizes"]:
             tiers = size["tiers"]
+            passes[who].add("first_load_gbps" in tiers["kvtier"]["throughput"])
             peer = next((name for name in tiers if name != "kvtier"), None)
             if peer is None:
                 alone[(threads[1:], size["label"])][(round_, who)] = tiers["kvtier"]
             else:
                 pair = (tiers["kvtier"]["throughput"], tiers[peer]["throughput"])
                 with_peer[(threads, size["label"], who)].append(pair)
+    if len(set().union(*passes.values())) > 1:
+        print(
+            "note: one build's bench timed a single load pass (the first), the other's the "
+            "second of two: compare the '1st load' figures between builds, not 'load'\n"
+        )
     if with_peer:
         _beside_a_peer(with_peer)
     if alone:

@@ -102,7 +102,7 @@ def test_bench_reports_every_throughput_figure(tiny_run: dict) -> None:
             assert tp[key] > 0, key
         # Each direction twice: the first pass (a new root, a new tier) kept apart.
         for key in ("first_store_gbps", "first_load_gbps", "first_load_cpu_s_per_gib"):
-            assert tp[key] > 0 and len(tp["spread"][key]) == 2, key
+            assert tp[key] > 0 and all(r[key] > 0 for r in tp["runs"]), key
         assert len(tp["runs"]) == 2  # --repeat 2: medians of two runs
         assert all(r["cache_bypass"] in ("O_DIRECT", "posix_fadvise(DONTNEED)") for r in tp["runs"])
     assert set(results["cache_bypass"]) == {"kvtier"}

@@ -229,12 +229,19 @@ def render(results: dict) -> str:
                     "",
                 ]
             )
+    two_loads = any(
+        "first_load_gbps" in t["throughput"] for e in results["sizes"] for t in e["tiers"].values()
+    )  # results saved before the bench loaded twice timed the first load only
     out.append(
         "Throughput (GB/s = 1e9 bytes/s, median (min-max) of the runs; CPU = process CPU "
         "seconds per GiB moved;\nstore = into existing directories, 1st store = the same "
-        "blocks into a fresh root, which also creates the tier's directory tree;\nload = "
-        "the second load of the blocks, 1st load = the first, with what a tier sets up on "
-        "first use)"
+        "blocks into a fresh root, which also creates the tier's directory tree"
+        + (
+            ";\nload = the second load of the blocks, 1st load = the first, with what a tier "
+            "sets up on first use)"
+            if two_loads
+            else ")"
+        )
     )
     out.append(
         _table(

@@ -275,8 +275,8 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             # submitted later from the capacity thread, or fails there (never waits here).
             with self._lock:
                 self._admitting += 1
-            store = _Admission(self, job_id, keys, blocks)
             try:
+                store = _Admission(self, job_id, keys, blocks)
                 admitted = self._capacity.admit(len(keys), store, store.paths, store.spares)
             except BaseException:
                 self._admission_done()
