@@ -261,14 +261,14 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             if not is_load:
                 self._queued_stores += 1
         try:
-            blocks = self._blocks(keys, block_ids)
             if is_load:
+                blocks = self._blocks(keys, block_ids)
                 self._capacity.record_use([b[0] for b in blocks])
                 self._engine.submit_load(job_id, blocks)
                 self._fail_if_degraded()
                 return
             if not keys:
-                self._engine.submit_store(job_id, blocks)
+                self._engine.submit_store(job_id, [])
                 self._fail_if_degraded()
                 return
             # Admission touches only memory; a store the budget has no room for yet is
@@ -276,7 +276,7 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
             with self._lock:
                 self._admitting += 1
             try:
-                store = _Admission(self, job_id, keys, blocks)
+                store = _Admission(self, job_id, keys, block_ids)
                 admitted = self._capacity.admit(len(keys), store, store.paths, store.spares)
             except BaseException:
                 self._admission_done()
@@ -321,7 +321,8 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
                 job.admitted_paths = store.paths
                 job.spares = tuple(spares)
         try:
-            self._engine.submit_store(job_id, _recycling(store.blocks, spares))
+            blocks = self._rows(store.paths, store.keys, store.block_ids)
+            self._engine.submit_store(job_id, _recycling(blocks, spares))
         except BaseException:
             # The engine took nothing (all or nothing): every spare is still there.
             self._capacity.finish_store(len(store.keys), 0, list(store.paths), spares, spares)
@@ -360,10 +361,16 @@ class FileSystemTierManager(SecondaryTierManager, EngineIoReport):
     def _blocks(
         self, keys: Sequence[OffloadKey], block_ids: Sequence[int]
     ) -> list[tuple[str, bytes, int, int]]:
+        path_of = self.file_mapper.get_file_name
+        return self._rows([path_of(k) for k in keys], keys, block_ids)
+
+    def _rows(
+        self, paths: Sequence[str], keys: Sequence[OffloadKey], block_ids: Sequence[int]
+    ) -> list[tuple[str, bytes, int, int]]:
+        """The engine's blocks: each block's file, key and primary row."""
         row = self._block_size_bytes
         base = self._base_address
-        path_of = self.file_mapper.get_file_name
-        return [(path_of(k), k, base + b * row, row) for k, b in zip(keys, block_ids)]
+        return [(p, k, base + b * row, row) for p, k, b in zip(paths, keys, block_ids)]
 
     @owner_process_only
     def get_finished(self) -> list[JobResult]:
@@ -560,25 +567,28 @@ def _may_recycle(opts: FsTierOptions) -> bool:
 
 class _Admission:
     """A store on its way through admission: called with the budget's answer when the store
-    had to wait for room (on the capacity thread). A callable with slots rather than a
-    closure: a closure and its cells are five more objects for the collector per store, and
-    the collector's young passes run on whichever thread allocates next, the caller's most
-    of all (a full cache defers most stores; docs/PERFORMANCE.md section 33)."""
+    had to wait for room (on the capacity thread). It holds as few objects for the garbage
+    collector as it can while it waits: a callable with slots rather than a closure (whose
+    cells are five more), and the rows as a tuple of ints rather than the engine's block
+    tuples (one per block), which are made once the store is admitted. The collector's
+    young passes run on whichever thread allocates next, the caller's most of all, and a full
+    cache defers most stores (docs/PERFORMANCE.md section 33)."""
 
-    __slots__ = ("tier", "job_id", "keys", "blocks", "paths", "spares")
+    __slots__ = ("tier", "job_id", "keys", "block_ids", "paths", "spares")
 
     def __init__(
         self,
         tier: FileSystemTierManager,
         job_id: JobId,
         keys: tuple[OffloadKey, ...],
-        blocks: list[tuple[str, bytes, int, int]],
+        block_ids: Sequence[int],
     ) -> None:
         self.tier = tier
         self.job_id = job_id
         self.keys = keys
-        self.blocks = blocks
-        self.paths = tuple(b[0] for b in blocks)  # kept from eviction; reported at the end
+        self.block_ids = tuple(block_ids)  # ints only: the collector stops tracking it
+        path_of = tier.file_mapper.get_file_name
+        self.paths = tuple(path_of(k) for k in keys)  # kept from eviction; reported at the end
         self.spares: list[str] = []  # evicted files admission gives its first blocks
 
     def __call__(self, refusal: str | None) -> None:
