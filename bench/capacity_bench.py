@@ -7,6 +7,7 @@
     python bench/capacity_bench.py evict   [--root DIR] [--total 1G]
     python bench/capacity_bench.py million [--root DIR] [--files 1000000] [--budget-fraction 0.5]
     python bench/capacity_bench.py submit  [--root DIR] [--budget 64M] [--jobs 4000] [--repeat 3]
+                                           [--inflight 64] [--blocks-per-job 1]
     python bench/capacity_bench.py gcpause [--root DIR] [--files 262144] [--keys 1048576]
     python bench/capacity_bench.py churn   [--root DIR] [--files 2000] [--repeat 3] [--pause 0]
 
@@ -20,8 +21,8 @@ evict:   process CPU and wall seconds per GiB to survey and evict real block fil
 recency: p50 latency of one-block loads with the tier's recency bookkeeping against the
          same tier with it switched off (record_use replaced by a no-op), alternating.
 submit:  p50/p99 of submit_store() calls (the caller's thread only) with a full budget
-         against the same tier without one, alternating run by run; one block per job,
-         at most --inflight jobs in flight.
+         against the same tier without one, alternating run by run; --blocks-per-job
+         blocks of 256 KiB per job (default 1), at most --inflight jobs in flight.
 gcpause: the full garbage collection a process pays (GIL held) while it keeps a survey's
          candidates, as a tier does between passes: makes N empty block files, surveys
          them, then times gc.collect() with the candidates held and after they are dropped,
@@ -330,10 +331,12 @@ def million(args: argparse.Namespace) -> dict:
     return result
 
 
-def _submit_latencies(root: Path, row: int, jobs: int, inflight: int, budget: int | None) -> list:
+def _submit_latencies(
+    root: Path, row: int, jobs: int, inflight: int, budget: int | None, per_job: int = 1
+) -> list:
     from kvtier.tiering.base import JobMetadata, make_offload_key
 
-    rows = 8
+    rows = max(8, per_job)
     buf = np.random.default_rng(0).integers(0, 256, (rows, row), dtype=np.uint8)
     options = {"min_free_fraction": 0, "max_queued_store_jobs": 4 * inflight}
     if budget is not None:
@@ -345,8 +348,9 @@ def _submit_latencies(root: Path, row: int, jobs: int, inflight: int, budget: in
             while pending >= inflight:
                 pending -= len(tier.get_finished())
                 time.sleep(0.0001)
-            keys = [make_offload_key(j.to_bytes(32, "big"), 0)]
-            job = JobMetadata(j, keys, np.array([j % rows]), False, None)
+            keys = [make_offload_key(j.to_bytes(32, "big"), b) for b in range(per_job)]
+            slots = np.arange(j, j + per_job) % rows
+            job = JobMetadata(j, keys, slots, False, None)
             started = time.perf_counter()
             tier.submit_store(job)
             seconds.append(time.perf_counter() - started)
@@ -358,6 +362,8 @@ def _submit_latencies(root: Path, row: int, jobs: int, inflight: int, budget: in
 
 
 def submit_latency(args: argparse.Namespace) -> dict:
+    if not 1 <= args.blocks_per_job <= 64:
+        raise SystemExit(f"--blocks-per-job must be 1 to 64, got {args.blocks_per_job}")
     row = 256 << 10
     runs: dict[str, list[float]] = {"budget": [], "none": []}
     for _ in range(args.repeat):
@@ -366,13 +372,16 @@ def submit_latency(args: argparse.Namespace) -> dict:
                 budget = args.budget if kind == "budget" else None
                 if budget is not None:  # a full cache: every store makes room
                     _submit_latencies(root, row, budget // block_file_bytes(row), 8, budget)
-                runs[kind] += _submit_latencies(root, row, args.jobs, args.inflight, budget)
+                runs[kind] += _submit_latencies(
+                    root, row, args.jobs, args.inflight, budget, args.blocks_per_job
+                )
     result = {}
     for kind, seconds in runs.items():
         q = np.quantile(np.array(seconds), [0.5, 0.99])
         result[kind] = {"p50_us": round(q[0] * 1e6, 1), "p99_us": round(q[1] * 1e6, 1)}
     result["p99_ratio"] = round(result["budget"]["p99_us"] / result["none"]["p99_us"], 2)
     result["budget_bytes"] = args.budget
+    result["blocks_per_job"] = args.blocks_per_job
     print(json.dumps(result))
     return result
 
@@ -412,6 +421,9 @@ def main() -> None:
             p.add_argument("--jobs", type=int, default=4000)
             p.add_argument("--repeat", type=int, default=3)
             p.add_argument("--inflight", type=int, default=64, help="store jobs in flight")
+            p.add_argument(
+                "--blocks-per-job", type=int, default=1, help="blocks per store job (1 to 64)"
+            )
         if name == "gcpause":
             p.add_argument("--files", type=int, default=1 << 18)
             p.add_argument("--keys", type=int, default=1 << 20, help="lookup cache keys")

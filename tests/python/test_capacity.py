@@ -1575,6 +1575,47 @@ def test_capacity_calls_return_while_the_state_directory_is_frozen(stallfs):
     assert c._exited.wait(WAIT_SECONDS)  # the thread ends once the mount answers again
 
 
+def test_stores_a_stuck_capacity_thread_cannot_answer_are_refused_by_the_callers_thread(
+    stallfs, monkeypatch
+):
+    """The capacity thread is stuck in the kernel (a frozen state directory) while stores
+    wait for budget: get_finished's expire_waiting() refuses each one once it is past its
+    wait and the thread's grace, saying the thread did not answer, and leaves a store that
+    is not past its wait alone. Called from several threads at once, each store is answered
+    exactly once."""
+    monkeypatch.setattr(capacity_controller, "STORE_WAIT_SECONDS", 0.4)
+    monkeypatch.setattr(capacity_controller, "TICK_SECONDS", 0.2)  # the grace after a wait
+    root = stallfs.mountpoint
+    c = CapacityController(str(root), CapacityPolicy(max_bytes=64 * FILE, min_free_fraction=0), ROW)
+    try:
+        assert c.admit(1) is None  # the file system answers: a first reservation
+        c.finish_store(1, 1)
+        stallfs.match(STATE_DIR_NAME)
+        stallfs.freeze("all")
+        stallfs.wait_blocked(1)  # the capacity thread is stuck in the state directory
+        answers: dict[str, list] = {"old": [], "new": []}
+        # More than any reservation holds, less than the budget: each waits for the thread.
+        assert c.admit(40, then=answers["old"].append) is DEFERRED
+        time.sleep(0.4 + 0.2 + 0.1)  # the first store is now past its wait and the grace
+        assert c.admit(40, then=answers["new"].append) is DEFERRED
+        c.expire_waiting()  # the older store is overdue, the newer one has just begun
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda _: c.expire_waiting(), range(8)))
+        assert len(answers["old"]) == 1, answers
+        assert "the capacity thread did not answer in time" in answers["old"][0], answers
+        assert answers["new"] == [], answers  # still waiting: not past its own deadline
+        time.sleep(0.4 + 0.2 + 0.1)
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda _: c.expire_waiting(), range(8)))
+        assert len(answers["new"]) == 1, answers
+        assert "the capacity thread did not answer in time" in answers["new"][0], answers
+        assert c.stats()["rejected_stores"] == 2
+    finally:
+        c.close()
+        stallfs.thaw()
+    assert c._exited.wait(WAIT_SECONDS)
+
+
 def test_stores_finished_but_not_collected_are_not_evicted_from_under_their_count(tmp_path):
     """Stores whose files are written but whose results the engine has not collected yet
     still count as in flight: evicting those files frees nothing in the count, so the evictor

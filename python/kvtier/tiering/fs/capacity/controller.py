@@ -348,6 +348,8 @@ class CapacityController:
                     then_ = answer_here
                 else:
                     then_ = then
+                # The deadline: expire_waiting() relies on the waits' deadlines following
+                # their order in _waiting (this is the one place that appends).
                 wait = _Wait(need, then_, time.monotonic() + STORE_WAIT_SECONDS, paths, spares)
                 self._hold(paths)
                 self._waiting.append(wait)
@@ -1118,6 +1120,17 @@ class CapacityController:
         if not self._waiting:  # read unlocked: the common case costs no lock
             return
         if reason is None:
+            # Deadlines follow the order the stores began to wait (each STORE_WAIT_SECONDS
+            # from its admit(), appended in turn), so none is overdue while the oldest is not:
+            # a full cache, where stores always wait, then costs get_finished no lock and no
+            # walk of the waiting stores (read unlocked: a store answered meanwhile only
+            # makes the answer "nothing to do" sooner).
+            try:
+                oldest = self._waiting[0]
+            except IndexError:
+                return
+            if time.monotonic() - TICK_SECONDS < oldest.deadline:
+                return
             # The thread answers a store within WAIT_POLL_SECONDS of its deadline unless it
             # is stuck: say so, not "the budget is full", which nobody found out.
             self._expire(
