@@ -334,6 +334,8 @@ def million(args: argparse.Namespace) -> dict:
 def _submit_latencies(
     root: Path, row: int, jobs: int, inflight: int, budget: int | None, per_job: int = 1
 ) -> list:
+    """Seconds of each submit_store() call; a store that fails ends the measurement (its
+    submit would be timed for a refusal, not for a store)."""
     from kvtier.tiering.base import JobMetadata, make_offload_key
 
     rows = max(8, per_job)
@@ -343,19 +345,28 @@ def _submit_latencies(
         options["max_bytes"] = budget
     tier = FileSystemTierManager(SPEC, memoryview(buf), "fs", root_dir=str(root), **options)
     seconds, pending = [], 0
+
+    def collect(results: list) -> int:
+        failed = [r for r in results if not r.success]
+        if failed:
+            raise SystemExit(f"submit: {len(failed)} store job(s) failed: {failed[0].error}")
+        return len(results)
+
     try:
         for j in range(jobs):
             while pending >= inflight:
-                pending -= len(tier.get_finished())
+                pending -= collect(tier.get_finished())
                 time.sleep(0.0001)
-            keys = [make_offload_key(j.to_bytes(32, "big"), b) for b in range(per_job)]
-            slots = np.arange(j, j + per_job) % rows
+            first = j * per_job  # a block hash of its own for every block
+            keys = [make_offload_key((first + b).to_bytes(32, "big"), 0) for b in range(per_job)]
+            slots = np.arange(first, first + per_job) % rows
             job = JobMetadata(j, keys, slots, False, None)
             started = time.perf_counter()
             tier.submit_store(job)
             seconds.append(time.perf_counter() - started)
             pending += 1
         tier.drain_jobs()
+        collect(tier.get_finished())
     finally:
         tier.shutdown()
     return seconds
@@ -365,6 +376,13 @@ def submit_latency(args: argparse.Namespace) -> dict:
     if not 1 <= args.blocks_per_job <= 64:
         raise SystemExit(f"--blocks-per-job must be 1 to 64, got {args.blocks_per_job}")
     row = 256 << 10
+    job_bytes = args.blocks_per_job * block_file_bytes(row)
+    if job_bytes > args.budget // 2:  # a full cache must make room for one job at a time
+        raise SystemExit(
+            f"--budget {format_size(args.budget)} is too small for jobs of "
+            f"{args.blocks_per_job} blocks ({format_size(job_bytes)} each): give at least "
+            f"{format_size(2 * job_bytes)}"
+        )
     runs: dict[str, list[float]] = {"budget": [], "none": []}
     for _ in range(args.repeat):
         for kind in ("budget", "none"):

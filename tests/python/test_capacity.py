@@ -1580,13 +1580,19 @@ def test_stores_a_stuck_capacity_thread_cannot_answer_are_refused_by_the_callers
 ):
     """The capacity thread is stuck in the kernel (a frozen state directory) while stores
     wait for budget: get_finished's expire_waiting() refuses each one once it is past its
-    wait and the thread's grace, saying the thread did not answer, and leaves a store that
-    is not past its wait alone. Called from several threads at once, each store is answered
-    exactly once."""
-    monkeypatch.setattr(capacity_controller, "STORE_WAIT_SECONDS", 0.4)
-    monkeypatch.setattr(capacity_controller, "TICK_SECONDS", 0.2)  # the grace after a wait
+    wait and the thread's grace (a tick, in which the thread itself would have answered),
+    saying the thread did not answer, and leaves a store that is not alone. Called from
+    several threads at once, each store is answered exactly once."""
+    wait, grace = 0.4, 0.6
+    monkeypatch.setattr(capacity_controller, "STORE_WAIT_SECONDS", wait)
+    monkeypatch.setattr(capacity_controller, "TICK_SECONDS", grace)
     root = stallfs.mountpoint
     c = CapacityController(str(root), CapacityPolicy(max_bytes=64 * FILE, min_free_fraction=0), ROW)
+
+    def expire_from_threads() -> None:
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda _: c.expire_waiting(), range(8)))
+
     try:
         assert c.admit(1) is None  # the file system answers: a first reservation
         c.finish_store(1, 1)
@@ -1596,17 +1602,17 @@ def test_stores_a_stuck_capacity_thread_cannot_answer_are_refused_by_the_callers
         answers: dict[str, list] = {"old": [], "new": []}
         # More than any reservation holds, less than the budget: each waits for the thread.
         assert c.admit(40, then=answers["old"].append) is DEFERRED
-        time.sleep(0.4 + 0.2 + 0.1)  # the first store is now past its wait and the grace
+        time.sleep(wait + grace / 3)  # past its wait, not past the grace
+        expire_from_threads()
+        assert answers["old"] == [], answers  # the thread's tick is not over yet
+        time.sleep(grace)  # past both
         assert c.admit(40, then=answers["new"].append) is DEFERRED
-        c.expire_waiting()  # the older store is overdue, the newer one has just begun
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(lambda _: c.expire_waiting(), range(8)))
+        expire_from_threads()
         assert len(answers["old"]) == 1, answers
         assert "the capacity thread did not answer in time" in answers["old"][0], answers
-        assert answers["new"] == [], answers  # still waiting: not past its own deadline
-        time.sleep(0.4 + 0.2 + 0.1)
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(lambda _: c.expire_waiting(), range(8)))
+        assert answers["new"] == [], answers  # its own wait has just begun
+        time.sleep(wait + grace + 0.1)
+        expire_from_threads()
         assert len(answers["new"]) == 1, answers
         assert "the capacity thread did not answer in time" in answers["new"][0], answers
         assert c.stats()["rejected_stores"] == 2
