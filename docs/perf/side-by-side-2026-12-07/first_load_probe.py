@@ -12,6 +12,8 @@ import sys, time, shutil, os, statistics
 from pathlib import Path
 from kvtier import _core
 from kvtier.bench.workload import PrimaryMemory
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+from engine_throughput import _run_direction  # noqa: E402
 root = Path(sys.argv[1]); bs = 2 << 20; n = 51; total = n * bs
 threads = 4
 pm = PrimaryMemory(n, bs, "thp"); pm.fill(1)
@@ -19,17 +21,7 @@ d = root / "thpload2"; shutil.rmtree(d, ignore_errors=True); d.mkdir()
 base = _core.buffer_address(pm.view, True)
 blocks = [(f"{d}/{i % 64:02x}/{i}.blk", b"k%d" % i, base + i * bs, bs) for i in range(n)]
 jobs = [(1 + j, blocks[s:s + 16]) for j, s in enumerate(range(0, n, 16))]
-def run(engine, submit, jobs):
-    c0, t0 = time.process_time(), time.perf_counter()
-    for jid, b in jobs: submit(jid, b)
-    pending = {j for j, _ in jobs}
-    while pending:
-        done = engine.pop_completions()
-        if not done: time.sleep(0.001)
-        for c in done:
-            assert c.success, c.error
-            pending.discard(c.job_id)
-    return time.perf_counter() - t0, time.process_time() - c0
+run = _run_direction  # submit every job, poll until reported: (wall s, CPU s)
 e = _core.Engine(str(d), n_read_threads=threads, n_write_threads=threads, o_direct=True)
 run(e, e.submit_store, jobs); e.shutdown()
 os.system("sync")

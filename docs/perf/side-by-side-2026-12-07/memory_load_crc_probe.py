@@ -11,21 +11,13 @@ import sys, time, shutil, os, statistics
 from pathlib import Path
 from kvtier import _core
 from kvtier.bench.workload import PrimaryMemory
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+from engine_throughput import _run_direction  # noqa: E402
 root = Path(sys.argv[1]); bs = int(sys.argv[2]) << 10; total = 512 << 20; n = total // bs
 threads = int(sys.argv[3])
 pm = PrimaryMemory(n, bs, "scattered"); pm.fill(1)
 base = _core.buffer_address(pm.view, True)
-def run(engine, submit, jobs):
-    c0, t0 = time.process_time(), time.perf_counter()
-    for jid, b in jobs: submit(jid, b)
-    pending = {j for j, _ in jobs}
-    while pending:
-        done = engine.pop_completions()
-        if not done: time.sleep(0.001)
-        for c in done:
-            assert c.success, c.error
-            pending.discard(c.job_id)
-    return time.perf_counter() - t0, time.process_time() - c0
+run = _run_direction  # submit every job, poll until reported: (wall s, CPU s)
 res = {}
 jid = 1
 import hashlib
