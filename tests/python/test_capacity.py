@@ -1622,6 +1622,88 @@ def test_stores_a_stuck_capacity_thread_cannot_answer_are_refused_by_the_callers
     assert c._exited.wait(WAIT_SECONDS)
 
 
+def test_a_request_made_while_the_thread_is_busy_runs_next_not_a_tick_later(tmp_path, monkeypatch):
+    """Callers ring the capacity thread only while it sleeps; one that asks while it is busy
+    only sets a flag, which the thread must read before it sleeps again. The thread's first
+    tick is held at its end while a store waits for budget: once let go, the thread serves it
+    at once, not a tick (here 30 s) later."""
+    monkeypatch.setattr(capacity_controller, "TICK_SECONDS", 30.0)
+    monkeypatch.setattr(capacity_controller, "WAIT_POLL_SECONDS", 30.0)
+    c = CapacityController(str(tmp_path), CapacityPolicy(max_bytes=64 * FILE), ROW)
+    held, release = threading.Event(), threading.Event()
+    real_tick = c._tick
+
+    def tick(asked: bool) -> None:
+        real_tick(asked)
+        if not held.is_set():  # the first tick, its work done: busy until let go
+            held.set()
+            release.wait(WAIT_SECONDS)
+
+    c._tick = tick  # type: ignore[method-assign]
+    answers: list[str | None] = []
+    answered = threading.Event()
+    try:
+        c.request_eviction()  # the thread sleeps (a 30 s tick): this rings it
+        assert held.wait(WAIT_SECONDS)
+        assert c._busy
+        # More than any reservation holds: the store waits, and asks for a pass.
+        assert c.admit(40, then=lambda r: (answers.append(r), answered.set())) is DEFERRED
+        release.set()
+        assert answered.wait(10.0), "the request made while the thread was busy was lost"
+        assert answers == [None]
+    finally:
+        release.set()
+        c.close()
+    assert c._exited.wait(WAIT_SECONDS)
+
+
+def test_stores_from_several_threads_are_answered_with_no_tick_to_fall_back_on(
+    tmp_path, monkeypatch
+):
+    """Four threads admit 300 stores each into a budget of 64 block files (each store gives
+    its room back when answered): the thread is woken only by rings, its ticks 30 s apart, so
+    a wake-up lost between a caller and the thread going to sleep would leave a store
+    waiting far longer than the 10 s each is given. The interpreter switches threads every
+    microsecond here, so that callers and the thread interleave as finely as they can."""
+    monkeypatch.setattr(capacity_controller, "TICK_SECONDS", 30.0)
+    monkeypatch.setattr(capacity_controller, "WAIT_POLL_SECONDS", 30.0)
+    c = CapacityController(
+        str(tmp_path), CapacityPolicy(max_bytes=64 * FILE, min_free_fraction=0), ROW
+    )
+
+    def stores(n: int) -> list[str | None]:
+        results: list[str | None] = []
+        for i in range(300):
+            done = threading.Event()
+            got: list[str | None] = []
+
+            def then(reason: str | None, got=got, done=done) -> None:
+                got.append(reason)
+                done.set()
+
+            path = [f"t{n}-{i}"]
+            first = c.admit(8, then=then, paths=path)
+            if first is DEFERRED:
+                assert done.wait(10.0), f"store {i} of thread {n} was never answered"
+                first = got[0]
+            results.append(first)
+            c.finish_store(8, 0, path)  # created nothing: its room goes back
+        return results
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            answers = [r for rs in pool.map(stores, range(4)) for r in rs]
+        sys.setswitchinterval(interval)
+        assert answers == [None] * 1200
+        assert c.stats()["rejected_stores"] == 0
+    finally:
+        sys.setswitchinterval(interval)
+        c.close()
+    assert c._exited.wait(WAIT_SECONDS)
+
+
 def test_stores_finished_but_not_collected_are_not_evicted_from_under_their_count(tmp_path):
     """Stores whose files are written but whose results the engine has not collected yet
     still count as in flight: evicting those files frees nothing in the count, so the evictor

@@ -315,3 +315,41 @@ def test_a_tier_without_checksums_keeps_its_blocks_apart(tmp_path):
     finally:
         checking.tier.shutdown()
         trusting.tier.shutdown()
+
+
+class _CountingBell:
+    """The capacity thread's bell, counting the rings (what wakes the thread)."""
+
+    def __init__(self, bell) -> None:
+        self.bell, self.rings = bell, 0
+        self.get, self.get_nowait = bell.get, bell.get_nowait
+
+    def put(self, item: None) -> None:
+        self.rings += 1
+        self.bell.put(item)
+
+
+def test_stores_that_take_kept_files_do_not_wake_the_capacity_thread_each(tmp_path):
+    """Kept files serve a store as reservation does. In a full cache that recycles, the
+    budget has no room to top up from (the kept files hold it): a store that still asked the
+    capacity thread for a top-up would wake it for nothing, once per store. They wake it
+    when the kept files run low, and the newest blocks read back whole."""
+    t = Tier(tmp_path)
+    try:
+        for i in range(2 * BUDGET_FILES):  # full, and recycling
+            assert t.store(i).success
+        t.settle()
+        capacity = t.tier._capacity
+        bell = capacity._bell = _CountingBell(capacity._bell)
+        recycled = t.tier.stats()["recycled_blocks"]
+        stores = 4 * BUDGET_FILES
+        for i in range(2 * BUDGET_FILES, 2 * BUDGET_FILES + stores):
+            assert t.store(i).success
+        t.settle()
+        taken = t.tier.stats()["recycled_blocks"] - recycled
+        assert taken > stores // 2, taken  # most stores took a kept file
+        assert bell.rings < stores // 4, (bell.rings, stores)
+        newest = range(2 * BUDGET_FILES + stores - BUDGET_FILES // 2, 2 * BUDGET_FILES + stores)
+        assert all(t.load(i).success for i in newest)
+    finally:
+        t.tier.shutdown()

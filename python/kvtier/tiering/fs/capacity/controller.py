@@ -14,6 +14,7 @@ import errno
 import itertools
 import logging
 import os
+import queue
 import random
 import stat
 import threading
@@ -247,10 +248,15 @@ class CapacityController:
             raise
         with _registry_lock:
             _by_root.setdefault(self.identity, weakref.WeakSet()).add(self)
-        self._wake = threading.Condition()
+        # The thread sleeps on the bell. Callers ring it with a put, which takes no lock the
+        # thread holds, and only while it sleeps (see _run; docs/PERFORMANCE.md section 35).
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._wake = threading.Condition()  # the thread going idle, for wait_idle()
         self._evict_asked = False
         self._poked = False  # a top-up was asked for and the thread has not started it yet
-        self._busy = False  # the thread is in a bookkeeping or eviction step (see wait_idle)
+        # The thread is in a bookkeeping or eviction step (see wait_idle), and will read the
+        # flags above before it sleeps: callers need not ring (see _run).
+        self._busy = False
         self._stop = threading.Event()
         self._exited = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvtier-capacity", daemon=True)
@@ -332,7 +338,13 @@ class CapacityController:
                     spares.extend(self._pop_spares(reuse))  # type: ignore[union-attr]
                 self._hold(paths)
                 # Topped up ahead: before the next store of this size would find too little.
-                low = budget is not None and self._pool < max(self.chunk_bytes // 2, need)
+                # Kept files serve a recycling store as reservation does: in a full cache that
+                # recycles, the budget has no room to top up from (the kept files hold it),
+                # and a wake-up per store would find nothing to do.
+                room = self._pool
+                if spares is not None:
+                    room += len(self._spares) * self.file_bytes
+                low = budget is not None and room < max(self.chunk_bytes // 2, need)
                 answer: str | None | Deferred = None
             else:
                 low = True
@@ -499,23 +511,23 @@ class CapacityController:
         """Ask the thread for an eviction pass. Asked already and not started yet: the pass
         to come sees what the caller changed before asking (the thread clears the flag before
         it looks), so a second wake-up would only hand it the GIL between the caller's stores.
-        Read unlocked, like _poke."""
+        No lock, like _poke."""
         if self._evict_asked:
             return
-        with self._wake:
-            self._evict_asked = True
-            self._wake.notify_all()  # the thread, and wait_idle's waiters (they wait on more)
+        self._evict_asked = True  # before _busy is read: see _run
+        if not self._busy:
+            self._bell.put(None)
 
     def _poke(self) -> None:
         """Wake the thread for a top-up (not an eviction). One wake-up serves every store
         admitted until the thread runs: waking it for each would hand it the GIL (and, on
         few cores, the CPU) between the caller's stores for nothing. Read unlocked: a race
-        costs one more notify at most."""
+        costs one more ring at most."""
         if self._poked:
             return
-        with self._wake:
-            self._poked = True
-            self._wake.notify_all()
+        self._poked = True  # before _busy is read: see _run
+        if not self._busy:
+            self._bell.put(None)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -546,15 +558,20 @@ class CapacityController:
         last_flush = time.monotonic()
         try:
             while not self._stop.is_set():
+                # A top-up asked for while the thread was busy runs now, not a tick later.
+                # Callers set a flag, then ring only if the thread is not busy; the thread
+                # clears _busy, then reads the flags: one of the two sees the other's write,
+                # so no request is left asleep, and the stores that come during a pass cost
+                # no wake-up.
+                self._busy = False
+                if not self._evict_asked and not self._poked:
+                    with self._wake:
+                        self._wake.notify_all()  # wait_idle's waiters
+                    # Stores waiting for budget: look again soon (others may give some back,
+                    # an evictor elsewhere may make room); a top-up request or an eviction
+                    # rings at once.
+                    self._sleep(WAIT_POLL_SECONDS if self._waiting else TICK_SECONDS)
                 with self._wake:
-                    # A top-up asked for while the thread was busy runs now, not a tick later.
-                    if not self._evict_asked and not self._poked:
-                        self._busy = False
-                        self._wake.notify_all()
-                        # Stores waiting for budget: look again soon (others may give some
-                        # back, an evictor elsewhere may make room); a top-up request or an
-                        # eviction wakes the thread at once.
-                        self._wake.wait(WAIT_POLL_SECONDS if self._waiting else TICK_SECONDS)
                     asked, self._evict_asked = self._evict_asked, False
                     self._poked = False
                     self._busy = True
@@ -574,6 +591,17 @@ class CapacityController:
                     self._stop.wait(TICK_SECONDS)
         finally:
             self._finish()
+
+    def _sleep(self, seconds: float) -> None:
+        """Until the bell rings or ``seconds`` pass. Rings that came meanwhile are taken too,
+        before the flags are read: a ring left for later costs one tick, while one taken after
+        the flags were cleared could hide a request a caller made during the clear."""
+        try:
+            self._bell.get(timeout=seconds)
+            while True:
+                self._bell.get_nowait()
+        except queue.Empty:
+            pass
 
     def _tick(self, asked: bool) -> None:
         if self._slot.lost():
@@ -771,7 +799,7 @@ class CapacityController:
         on instead of a quiet period."""
         deadline = time.monotonic() + timeout
         with self._wake:
-            while self._busy or self._evict_asked or self._waiting:
+            while self._busy or self._evict_asked or self._poked or self._waiting:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._stop.is_set():
                     return False
