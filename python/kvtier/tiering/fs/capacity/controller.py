@@ -514,9 +514,8 @@ class CapacityController:
         No lock, like _poke."""
         if self._evict_asked:
             return
-        self._evict_asked = True  # before _busy is read: see _run
-        if not self._busy:
-            self._bell.put(None)
+        self._evict_asked = True
+        self._ring()
 
     def _poke(self) -> None:
         """Wake the thread for a top-up (not an eviction). One wake-up serves every store
@@ -525,7 +524,12 @@ class CapacityController:
         costs one more ring at most."""
         if self._poked:
             return
-        self._poked = True  # before _busy is read: see _run
+        self._poked = True
+        self._ring()
+
+    def _ring(self) -> None:
+        """After a request flag was set: wake the thread, unless it is busy and so reads the
+        flags before it sleeps again (the order of the two writes and reads: see _run)."""
         if not self._busy:
             self._bell.put(None)
 
