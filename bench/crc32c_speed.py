@@ -16,10 +16,11 @@ KVTIER_CRC32C_IMPL set, since the library reads it once) and each block size, tw
 Then the copy lines, on the implementation chosen automatically (or `--copy-impl`), for each
 `--copy-sizes` block size, hot and out of cache as above (out of cache: a `--pool` source
 copied into a second buffer as large): the copy alone (`memcpy`), the CRC alone (`crc`), a
-`memcpy` then the CRC of the copy (`memcpy+crc`, what a bounce buffer costs today) and the
-fused `crc32c_copy` (`fused`). Their repetitions alternate (one run of each in turn), so a
-change in the machine's load moves all four alike. GB/s counts the bytes copied (or
-checksummed) once.
+`memcpy` then the CRC of the copy (`memcpy+crc`), the fused `crc32c_copy` (`fused`) and
+`crc32c_copy_uncached` (`fused-uncached`: the fused copy with non-temporal stores, what the
+engine copies a load out of its own buffer with). Their repetitions alternate (one run of
+each in turn), so a change in the machine's load moves all five alike. GB/s counts the bytes
+copied (or checksummed) once.
 
 The blocks are timed in a C++ loop (`_core._crc32c_chunks`, `_core._crc32c_copy_chunks`),
 not one Python call each. Each
@@ -105,7 +106,7 @@ def measure(impl: str, sizes: list[int], pool_bytes: int, repeat: int, min_secon
     return results
 
 
-COPY_MODES = ("memcpy", "crc", "memcpy+crc", "fused")
+COPY_MODES = ("memcpy", "crc", "memcpy+crc", "fused", "fused-uncached")
 
 
 def time_copy_modes(dst: np.ndarray, src: np.ndarray, chunk: int, passes: int, repeat: int) -> dict:
@@ -141,6 +142,9 @@ def measure_copy(
     want = _core._crc32c_chunks(src_sample, sizes[0])
     assert _core._crc32c_copy_chunks(dst_sample, src_sample, sizes[0]) == want
     assert np.array_equal(dst_sample, src_sample), "the fused loop did not copy exactly"
+    dst_sample[:] = 0
+    assert _core._crc32c_copy_chunks(dst_sample, src_sample, sizes[0], 1, "fused-uncached") == want
+    assert np.array_equal(dst_sample, src_sample), "the uncached loop did not copy exactly"
     results: dict = {"implementation": running, "in_cache": {}, "out_of_cache": {}}
     for size in sizes:
         src = np.ascontiguousarray(src_pool[:size])

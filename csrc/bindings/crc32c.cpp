@@ -59,13 +59,14 @@ std::uint32_t crc32c_copy(const py::buffer& dst, const py::buffer& src, std::uin
 // Each `chunk_bytes` piece of src (a shorter last piece included) to the same offset of dst,
 // `passes` times over, in one of the ways bench/crc32c_speed.py compares: "memcpy" (the copy
 // alone), "crc" (crc32c() of src alone), "memcpy+crc" (memcpy, then crc32c() of the copy) or
-// "fused" (crc32c_copy()). Returns the XOR of the pieces' CRCs (0 for "memcpy").
+// "fused" (crc32c_copy()) or "fused-uncached" (crc32c_copy_uncached()). Returns the XOR of the
+// pieces' CRCs (0 for "memcpy").
 std::uint32_t crc32c_copy_chunks(const py::buffer& dst, const py::buffer& src,
                                  std::size_t chunk_bytes, std::size_t passes,
                                  const std::string& mode) {
   if (chunk_bytes == 0)
     throw py::value_error("_crc32c_copy_chunks: chunk_bytes must be at least 1, got 0");
-  enum class Mode { kMemcpy, kCrc, kMemcpyThenCrc, kFused };
+  enum class Mode { kMemcpy, kCrc, kMemcpyThenCrc, kFused, kFusedUncached };
   Mode m;
   if (mode == "memcpy") {
     m = Mode::kMemcpy;
@@ -75,9 +76,11 @@ std::uint32_t crc32c_copy_chunks(const py::buffer& dst, const py::buffer& src,
     m = Mode::kMemcpyThenCrc;
   } else if (mode == "fused") {
     m = Mode::kFused;
+  } else if (mode == "fused-uncached") {
+    m = Mode::kFusedUncached;
   } else {
-    throw py::value_error("_crc32c_copy_chunks: mode must be 'memcpy', 'crc', 'memcpy+crc' or "
-                          "'fused', got '" + mode + "'");
+    throw py::value_error("_crc32c_copy_chunks: mode must be 'memcpy', 'crc', 'memcpy+crc', "
+                          "'fused' or 'fused-uncached', got '" + mode + "'");
   }
   View to(dst, /*writable=*/true), from(src);
   check_copy("_crc32c_copy_chunks", to, from);
@@ -101,6 +104,9 @@ std::uint32_t crc32c_copy_chunks(const py::buffer& dst, const py::buffer& src,
           break;
         case Mode::kFused:
           combined ^= kvtier::crc32c_copy(0, d, s, n);
+          break;
+        case Mode::kFusedUncached:
+          combined ^= kvtier::crc32c_copy_uncached(0, d, s, n);
           break;
       }
     }
@@ -139,7 +145,7 @@ void register_crc32c(py::module_& m) {
   m.def("_crc32c_copy_chunks", &crc32c_copy_chunks, "dst"_a, "src"_a, "chunk_bytes"_a,
         "passes"_a = 1, "mode"_a = "fused",
         "Copies src into dst chunk_bytes at a time, passes times over, as 'memcpy', 'crc' (of src "
-        "only), 'memcpy+crc' or 'fused' (crc32c_copy); returns the XOR of the chunks' CRC32C (0 "
+        "only), 'memcpy+crc', 'fused' (crc32c_copy) or 'fused-uncached' (crc32c_copy_uncached); returns the XOR of the chunks' CRC32C (0 "
         "for 'memcpy'). A benchmark hook for bench/crc32c_speed.py.");
 }
 

@@ -7,9 +7,11 @@
 #define crc32c_is_hardware kvtier_test_copy_crc32c_is_hardware
 #define crc32c_implementation kvtier_test_copy_crc32c_implementation
 #define crc32c_copy kvtier_test_copy_crc32c_copy
+#define crc32c_copy_uncached kvtier_test_copy_crc32c_copy_uncached
 #include "util/crc32c.cpp"
 #undef crc32c
 #undef crc32c_copy
+#undef crc32c_copy_uncached
 #undef crc32c_is_hardware
 #undef crc32c_implementation
 
@@ -57,6 +59,12 @@ std::uint32_t crc32c_copy_path(const std::string& name, void* dst, const void* s
                                std::size_t length, std::uint32_t crc) {
   return ~implementation(name).copy(static_cast<unsigned char*>(dst),
                                     static_cast<const unsigned char*>(src), length, ~crc);
+}
+
+std::uint32_t crc32c_copy_uncached_path(const std::string& name, void* dst, const void* src,
+                                        std::size_t length, std::uint32_t crc) {
+  return ~implementation(name).copy_uncached(static_cast<unsigned char*>(dst),
+                                             static_cast<const unsigned char*>(src), length, ~crc);
 }
 
 }  // namespace kvtier::test

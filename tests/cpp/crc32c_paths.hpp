@@ -25,4 +25,9 @@ std::uint32_t crc32c_path_raw(const std::string& name, const void* data, std::si
 std::uint32_t crc32c_copy_path(const std::string& name, void* dst, const void* src,
                                std::size_t length, std::uint32_t crc = 0);
 
+/// kvtier::crc32c_copy_uncached() through implementation `name` (its uncached copy, or its
+/// copy where it has none). `name` must be supported.
+std::uint32_t crc32c_copy_uncached_path(const std::string& name, void* dst, const void* src,
+                                        std::size_t length, std::uint32_t crc = 0);
+
 }  // namespace kvtier::test

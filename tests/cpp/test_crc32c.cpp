@@ -329,20 +329,38 @@ KV_TEST(a_flipped_bit_changes_the_checksum) {
 
 namespace {
 
-/// Checks that the copy path `path` ("" for kvtier::crc32c_copy itself) copied exactly
-/// src[0, n) to dst at `dst_offset` of a buffer filled with a guard byte (no byte before or
-/// after it touched) and returned the reference CRC from `seed`.
+constexpr const char* kUncached = "/uncached";
+
+/// A copy path by name: "" is kvtier::crc32c_copy itself, "/uncached" kvtier::
+/// crc32c_copy_uncached, an implementation's name its copy, and that name + "/uncached" its
+/// uncached copy.
+std::uint32_t copy_by(const std::string& path, void* dst, const void* src, std::size_t n,
+                      std::uint32_t seed) {
+  const std::size_t slash = path.find('/');
+  const bool uncached = slash != std::string::npos;
+  const std::string name = path.substr(0, slash);
+  if (name.empty())
+    return uncached ? kvtier::crc32c_copy_uncached(seed, dst, src, n)
+                    : kvtier::crc32c_copy(seed, dst, src, n);
+  return uncached ? kvtier::test::crc32c_copy_uncached_path(name, dst, src, n, seed)
+                  : kvtier::test::crc32c_copy_path(name, dst, src, n, seed);
+}
+
+/// Checks that the copy path `path` (copy_by's names) copied exactly src[0, n) to dst at
+/// `dst_offset` of a buffer filled with a guard byte (no byte before or after it touched) and
+/// returned the reference CRC from `seed`.
 bool copy_agrees(const std::string& path, const unsigned char* src, std::size_t n,
                  std::size_t dst_offset, std::uint32_t seed, std::vector<unsigned char>& out,
                  std::string& why) {
   constexpr unsigned char kGuard = 0xA7;
   out.assign(dst_offset + n + 64, kGuard);
   unsigned char* dst = out.data() + dst_offset;
-  const std::uint32_t got = path.empty() ? kvtier::crc32c_copy(seed, dst, src, n)
-                                         : kvtier::test::crc32c_copy_path(path, dst, src, n, seed);
+  const std::uint32_t got = copy_by(path, dst, src, n, seed);
   const std::uint32_t want = reference_crc32c(src, n, seed);
-  const std::string where = (path.empty() ? std::string("crc32c_copy") : path) + ": length " +
-                            std::to_string(n) + ", dst offset " + std::to_string(dst_offset);
+  const std::string where = (path.rfind("/", 0) == 0 || path.empty() ? "crc32c_copy" + path
+                                                                     : path) +
+                            ": length " + std::to_string(n) + ", dst offset " +
+                            std::to_string(dst_offset);
   if (got != want) {
     why = where + ": wrong CRC";
     return false;
@@ -364,11 +382,14 @@ bool copy_agrees(const std::string& path, const unsigned char* src, std::size_t 
   return true;
 }
 
-/// The copy paths to check: kvtier::crc32c_copy (the one the dispatch chose, "") and every
-/// implementation the CPU runs.
+/// The copy paths to check: kvtier::crc32c_copy and crc32c_copy_uncached (the ones the
+/// dispatch chose) and both copies of every implementation the CPU runs.
 std::vector<std::string> copy_paths() {
-  std::vector<std::string> paths{""};
-  for (const std::string& name : supported_paths()) paths.push_back(name);
+  std::vector<std::string> paths{"", kUncached};
+  for (const std::string& name : supported_paths()) {
+    paths.push_back(name);
+    paths.push_back(name + kUncached);
+  }
   return paths;
 }
 
@@ -378,6 +399,8 @@ KV_TEST(copy_matches_memcpy_then_crc_on_every_length_to_4096) {
   // Every length 0..4096 (each kernel's 16-, 32-, 64-byte steps and 128- and 256-byte rounds,
   // the blocked paths' short blocks), with source and destination misaligned differently,
   // from 0 and from a previous CRC; the destination's neighbours must stay untouched.
+  // (The uncached copies split at the destination's first 64-byte boundary: offsets 3, 5, 63
+  // and 1 put it at each side of the 16-, 32- and 64-byte steps.)
   const auto data = kvtest::pattern(4096 + 128, 13);
   std::vector<unsigned char> out;
   std::string why;
@@ -429,14 +452,15 @@ KV_TEST(copy_chains_with_crc32c_and_itself) {
     const std::size_t split = std::uniform_int_distribution<std::size_t>(0, n)(rng);
     const auto seed = static_cast<std::uint32_t>(rng());
     const std::uint32_t want = reference_crc32c(data.data(), n, seed);
-    const std::string& first = paths[static_cast<std::size_t>(i) % paths.size()];
-    const std::string& second = paths[static_cast<std::size_t>(i / 2) % paths.size()];
+    // Every third piece through an uncached copy.
+    const std::string first =
+        paths[static_cast<std::size_t>(i) % paths.size()] + (i % 3 == 0 ? kUncached : "");
+    const std::string second =
+        paths[static_cast<std::size_t>(i / 2) % paths.size()] + (i % 3 == 1 ? kUncached : "");
     std::fill(out.begin(), out.end(), 0);
-    const std::uint32_t mid =
-        kvtier::test::crc32c_copy_path(first, out.data(), data.data(), split, seed);
+    const std::uint32_t mid = copy_by(first, out.data(), data.data(), split, seed);
     CHECK_EQ(mid, reference_crc32c(data.data(), split, seed));
-    CHECK_MSG(kvtier::test::crc32c_copy_path(second, out.data() + split, data.data() + split,
-                                             n - split, mid) == want,
+    CHECK_MSG(copy_by(second, out.data() + split, data.data() + split, n - split, mid) == want,
               first + "+" + second);
     CHECK(std::memcmp(out.data(), data.data(), n) == 0);
     // The first piece by crc32c() (no copy), the rest by the copy.
@@ -458,6 +482,9 @@ KV_TEST(copy_runs_the_implementation_crc32c_runs) {
     const std::uint32_t copied = kvtier::crc32c_copy(0, out.data(), data.data(), data.size());
     CHECK_EQ(copied, kvtier::crc32c(out.data(), out.size()));
     CHECK_EQ(copied, reference_crc32c(data.data(), data.size()));
+    std::fill(out.begin(), out.end(), 0);
+    CHECK_EQ(kvtier::crc32c_copy_uncached(0, out.data(), data.data(), data.size()), copied);
+    CHECK(out == data);
     data[i] ^= 0x10;
   }
 }

@@ -192,7 +192,7 @@ def test_copy_chunks_hook_modes(data: bytes) -> None:
     src = np.frombuffer(data, dtype=np.uint8)
     for chunk in (1, 4096, 65536, len(data) + 1):
         want = _core._crc32c_chunks(src, chunk)
-        for mode in ("crc", "memcpy+crc", "fused"):
+        for mode in ("crc", "memcpy+crc", "fused", "fused-uncached"):
             dst = np.zeros_like(src)
             assert _core._crc32c_copy_chunks(dst, src, chunk, 1, mode) == want, mode
             if mode != "crc":

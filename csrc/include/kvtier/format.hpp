@@ -35,6 +35,16 @@ KVTIER_EXPORT std::uint32_t crc32c(const void* data, std::size_t length,
 KVTIER_EXPORT std::uint32_t crc32c_copy(std::uint32_t crc, void* dst, const void* src,
                                         std::size_t length) noexcept;
 
+/// crc32c_copy() writing `dst` around the CPU's caches where the implementation can
+/// (non-temporal stores on the x86-64 folding paths; elsewhere it is crc32c_copy()): every
+/// line of `dst` goes to memory without first being read into the cache. For a destination
+/// the CPU will not read soon (memory a device reads next, a buffer larger than the cache),
+/// that saves the memory traffic of fetching each line it overwrites; for one the CPU reads
+/// next, crc32c_copy() is faster. The bytes are visible to other threads when it returns, as
+/// after crc32c_copy().
+KVTIER_EXPORT std::uint32_t crc32c_copy_uncached(std::uint32_t crc, void* dst, const void* src,
+                                                 std::size_t length) noexcept;
+
 /// Whether crc32c() runs on CRC or carry-less-multiply instructions (any implementation but
 /// "table").
 KVTIER_EXPORT bool crc32c_is_hardware() noexcept;

@@ -73,6 +73,10 @@ const std::vector<Segment>& caller_segments(const BlockOp& op, std::vector<Segme
 }
 
 // Host memory, segment after segment, with the CRC32C of the bytes taken in the same pass.
+// A load goes out to the caller's memory around the caches (crc32c_copy_uncached): its source
+// was just written by the device (or the kernel) into a buffer the size of the batch, and
+// what reads the caller's rows next is usually a device copy, so the cache holds nothing
+// worth the memory traffic of fetching each line of the rows before overwriting it.
 std::uint32_t copy_host_with_crc(const std::vector<Segment>& segments, unsigned char* owned,
                                  bool into_owned) noexcept {
   std::uint32_t crc = 0;
@@ -80,7 +84,7 @@ std::uint32_t copy_host_with_crc(const std::vector<Segment>& segments, unsigned 
   for (const Segment& seg : segments) {
     auto* mine = owned + at;
     crc = into_owned ? crc32c_copy(crc, mine, seg.address, seg.length)
-                     : crc32c_copy(crc, seg.address, mine, seg.length);
+                     : crc32c_copy_uncached(crc, seg.address, mine, seg.length);
     at += seg.length;
   }
   return crc;

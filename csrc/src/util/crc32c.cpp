@@ -177,6 +177,8 @@ struct Implementation {
   const char* name;
   detail::Crc32cKernel kernel;
   detail::Crc32cCopyKernel copy;  // the same CRC, the bytes copied on the way
+  // The copy with non-temporal stores; the same as `copy` where there are none.
+  detail::Crc32cCopyKernel copy_uncached;
   bool (*supported)() noexcept;
   bool hardware;  // runs on CRC or carry-less-multiply instructions
 };
@@ -190,16 +192,19 @@ bool always() noexcept {
 constexpr Implementation kImplementations[] = {
 #if defined(__x86_64__)
     {"avx512-vpclmul", detail::crc32c_avx512_vpclmul, detail::crc32c_copy_avx512_vpclmul,
-     detail::crc32c_avx512_vpclmul_supported, true},
+     detail::crc32c_copy_uncached_avx512_vpclmul, detail::crc32c_avx512_vpclmul_supported, true},
     {"avx2-vpclmul", detail::crc32c_avx2_vpclmul, detail::crc32c_copy_avx2_vpclmul,
-     detail::crc32c_avx2_vpclmul_supported, true},
-    {"sse42", crc32c_hardware, copy_in_blocks<crc32c_hardware>, cpu_has_crc32c, true},
+     detail::crc32c_copy_uncached_avx2_vpclmul, detail::crc32c_avx2_vpclmul_supported, true},
+    {"sse42", crc32c_hardware, copy_in_blocks<crc32c_hardware>, copy_in_blocks<crc32c_hardware>,
+     cpu_has_crc32c, true},
 #elif defined(__aarch64__)
     {"armv8-pmull", detail::crc32c_armv8_pmull, detail::crc32c_copy_armv8_pmull,
-     detail::crc32c_armv8_pmull_supported, true},
-    {"armv8-crc", crc32c_hardware, copy_in_blocks<crc32c_hardware>, cpu_has_crc32c, true},
+     detail::crc32c_copy_armv8_pmull, detail::crc32c_armv8_pmull_supported, true},
+    {"armv8-crc", crc32c_hardware, copy_in_blocks<crc32c_hardware>, copy_in_blocks<crc32c_hardware>,
+     cpu_has_crc32c, true},
 #endif
-    {"table", crc32c_software, copy_in_blocks<crc32c_software>, always, false},
+    {"table", crc32c_software, copy_in_blocks<crc32c_software>, copy_in_blocks<crc32c_software>,
+     always, false},
 };
 
 const Implementation* find_supported(const char* name) noexcept {
@@ -247,6 +252,12 @@ std::uint32_t crc32c_copy(std::uint32_t crc, void* dst, const void* src,
                           std::size_t length) noexcept {
   return ~selected().copy(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src),
                           length, ~crc);
+}
+
+std::uint32_t crc32c_copy_uncached(std::uint32_t crc, void* dst, const void* src,
+                                   std::size_t length) noexcept {
+  return ~selected().copy_uncached(static_cast<unsigned char*>(dst),
+                                   static_cast<const unsigned char*>(src), length, ~crc);
 }
 
 bool crc32c_is_hardware() noexcept {

@@ -9,7 +9,9 @@
 //
 // Each folding kernel has a copying twin (crc32c_copy_*): the same CRC of `src`, with every
 // byte also written to `dst` from the registers the fold loaded it into (one pass over the
-// bytes instead of a memcpy and a CRC). `dst` and `src` must not overlap.
+// bytes instead of a memcpy and a CRC). `dst` and `src` must not overlap. On x86-64 each also
+// has an uncached twin (crc32c_copy_uncached_*): the same copy with non-temporal stores and a
+// store fence at the end (kvtier::crc32c_copy_uncached).
 
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +30,8 @@ std::uint32_t crc32c_avx512_vpclmul(const unsigned char* data, std::size_t lengt
                                     std::uint32_t state) noexcept;
 std::uint32_t crc32c_copy_avx512_vpclmul(unsigned char* dst, const unsigned char* src,
                                          std::size_t length, std::uint32_t state) noexcept;
+std::uint32_t crc32c_copy_uncached_avx512_vpclmul(unsigned char* dst, const unsigned char* src,
+                                                  std::size_t length, std::uint32_t state) noexcept;
 bool crc32c_avx512_vpclmul_supported() noexcept;
 
 /// 4 x 32-byte folds with 256-bit VPCLMULQDQ (CPUs with AVX2 and VPCLMULQDQ but no AVX-512,
@@ -37,6 +41,8 @@ std::uint32_t crc32c_avx2_vpclmul(const unsigned char* data, std::size_t length,
                                   std::uint32_t state) noexcept;
 std::uint32_t crc32c_copy_avx2_vpclmul(unsigned char* dst, const unsigned char* src,
                                        std::size_t length, std::uint32_t state) noexcept;
+std::uint32_t crc32c_copy_uncached_avx2_vpclmul(unsigned char* dst, const unsigned char* src,
+                                                std::size_t length, std::uint32_t state) noexcept;
 bool crc32c_avx2_vpclmul_supported() noexcept;
 #elif defined(__aarch64__)
 /// 8 x 16-byte folds with PMULL (the ARMv8 crypto extension's 64-bit polynomial multiply) and

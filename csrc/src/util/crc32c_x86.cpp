@@ -10,6 +10,9 @@
 // Each kernel is written once, over a Stream that either only reads the bytes (the CRC) or
 // also stores every vector it loaded to a destination (the fused copy, crc32c_copy): the
 // bytes are in a register anyway, so the copy costs one store per load and no second pass.
+// The uncached copy (crc32c_copy_uncached) stores the vectors with non-temporal stores, which
+// write whole lines to memory without reading them into the cache first: for a destination the
+// CPU will not read soon, that saves the memory traffic of fetching every line it overwrites.
 #if defined(__x86_64__)
 
 #include <cpuid.h>
@@ -64,32 +67,40 @@ KVTIER_CRC_TARGET_SSE std::uint32_t crc_bytes(std::uint32_t crc, const unsigned 
   return c32;
 }
 
-/// Where a kernel's bytes come from, and where they go when it copies too (kCopy): every
-/// vector loaded from `src` is stored at the same offset of `dst`.
-template <bool kCopy>
+/// What a kernel does with the bytes besides the CRC.
+enum class Copy {
+  kNone,      // nothing: the CRC alone
+  kCached,    // every vector loaded from `src` stored at the same offset of `dst`
+  kUncached,  // the same with non-temporal stores for the wide vectors; `dst` must be aligned
+              // to 64 bytes, and the caller fences (copy_uncached)
+};
+
+/// Where a kernel's bytes come from, and where they go when it copies too.
+template <Copy kCopy>
 struct Stream {
   const unsigned char* src;
-  unsigned char* dst;  // unused without kCopy
+  unsigned char* dst;  // unused with Copy::kNone
   void advance(std::size_t k) {
     src += k;
-    if constexpr (kCopy) dst += k;
+    if constexpr (kCopy != Copy::kNone) dst += k;
   }
-  /// Copies the last `n` bytes, which the scalar steps then read from src (kCopy only).
+  /// Copies the last `n` bytes, which the scalar steps then read from src.
   void copy_rest(std::size_t n) const {
-    if constexpr (kCopy) std::memcpy(dst, src, n);
+    if constexpr (kCopy != Copy::kNone) std::memcpy(dst, src, n);
   }
 };
 
-template <bool kCopy>
+// The 128-bit steps (the last few vectors of a span) store through the cache either way.
+template <Copy kCopy>
 KVTIER_CRC_TARGET_SSE __m128i load128(const Stream<kCopy>& s, std::size_t at) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s.src + at));
-  if constexpr (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(s.dst + at), v);
+  if constexpr (kCopy != Copy::kNone) _mm_storeu_si128(reinterpret_cast<__m128i*>(s.dst + at), v);
   return v;
 }
 
 /// Folds the remaining whole 16-byte chunks into x (the state of everything before s.src), reduces
 /// it to the 32-bit register and runs the last bytes through crc32.
-template <bool kCopy>
+template <Copy kCopy>
 KVTIER_CRC_TARGET_SSE std::uint32_t finish(__m128i x, Stream<kCopy> s, std::size_t n) {
   const __m128i k16 = constants128(kFoldBy<16>);
   for (; n >= 16; s.advance(16), n -= 16) x = _mm_xor_si128(fold128(x, k16), load128(s, 0));
@@ -99,8 +110,8 @@ KVTIER_CRC_TARGET_SSE std::uint32_t finish(__m128i x, Stream<kCopy> s, std::size
   return crc_bytes(static_cast<std::uint32_t>(c), s.src, n);
 }
 
-/// A span too short for the vector loop: copied (kCopy), then through crc32.
-template <bool kCopy>
+/// A span too short for the vector loop: copied (if kCopy says so), then through crc32.
+template <Copy kCopy>
 KVTIER_CRC_TARGET_SSE std::uint32_t short_span(std::uint32_t state, Stream<kCopy> s,
                                                std::size_t n) {
   s.copy_rest(n);
@@ -116,10 +127,14 @@ constexpr std::size_t kPrefetchAhead = 1024;
 #define KVTIER_CRC_INLINE_AVX512 \
   __attribute__((target("avx512f,vpclmulqdq,sse4.2,pclmul"), always_inline)) inline
 
-template <bool kCopy>
+// Every 512-bit load is at a multiple of 64 bytes from where the kernel started, so an
+// uncached copy's destination, aligned there, stays aligned for the streaming store.
+template <Copy kCopy>
 KVTIER_CRC_INLINE_AVX512 __m512i load512(const Stream<kCopy>& s, std::size_t at) {
   const __m512i v = _mm512_loadu_si512(s.src + at);
-  if constexpr (kCopy) _mm512_storeu_si512(s.dst + at, v);
+  if constexpr (kCopy == Copy::kCached) _mm512_storeu_si512(s.dst + at, v);
+  if constexpr (kCopy == Copy::kUncached)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(s.dst + at), v);
   return v;
 }
 
@@ -138,7 +153,7 @@ KVTIER_CRC_INLINE_AVX512 __m512i fold512_into(__m512i x, __m512i k, __m512i next
                                    _mm512_clmulepi64_epi128(x, k, 0x11), next, 0x96);
 }
 
-template <bool kCopy>
+template <Copy kCopy>
 KVTIER_CRC_INLINE_AVX512 std::uint32_t avx512_fold(Stream<kCopy> s, std::size_t n,
                                                    std::uint32_t state) {
   if (n < kZmmBytes) return short_span(state, s, n);
@@ -196,18 +211,50 @@ KVTIER_CRC_INLINE_AVX512 std::uint32_t avx512_fold(Stream<kCopy> s, std::size_t 
                 n);
 }
 
+/// An uncached copy through `fold`: the bytes up to the destination's first 64-byte boundary
+/// through the cache, the rest with streaming stores, then a store fence, so that the copy is
+/// visible to other threads (the job's completion is published after this returns) like a
+/// copy through the cache. Non-temporal stores are weakly ordered: without the fence a thread
+/// that sees the completion could read the old bytes.
+template <std::uint32_t (*kCached)(Stream<Copy::kCached>, std::size_t, std::uint32_t),
+          std::uint32_t (*kUncached)(Stream<Copy::kUncached>, std::size_t, std::uint32_t)>
+KVTIER_CRC_TARGET_SSE std::uint32_t copy_uncached(unsigned char* dst, const unsigned char* src,
+                                                  std::size_t n, std::uint32_t state) {
+  const std::size_t to_line = (64 - reinterpret_cast<std::uintptr_t>(dst) % 64) % 64;
+  const std::size_t head = n < to_line ? n : to_line;
+  if (head > 0) state = kCached(Stream<Copy::kCached>{src, dst}, head, state);
+  state = kUncached(Stream<Copy::kUncached>{src + head, dst + head}, n - head, state);
+  _mm_sfence();
+  return state;
+}
+
+KVTIER_CRC_TARGET_AVX512 std::uint32_t avx512_cached(Stream<Copy::kCached> s, std::size_t n,
+                                                     std::uint32_t state) {
+  return avx512_fold(s, n, state);
+}
+
+KVTIER_CRC_TARGET_AVX512 std::uint32_t avx512_uncached(Stream<Copy::kUncached> s, std::size_t n,
+                                                       std::uint32_t state) {
+  return avx512_fold(s, n, state);
+}
+
 }  // namespace
 
 KVTIER_CRC_TARGET_AVX512 std::uint32_t crc32c_avx512_vpclmul(const unsigned char* p, std::size_t n,
                                                              std::uint32_t state) noexcept {
-  return avx512_fold(Stream<false>{p, nullptr}, n, state);
+  return avx512_fold(Stream<Copy::kNone>{p, nullptr}, n, state);
 }
 
 KVTIER_CRC_TARGET_AVX512 std::uint32_t crc32c_copy_avx512_vpclmul(unsigned char* dst,
                                                                   const unsigned char* src,
                                                                   std::size_t n,
                                                                   std::uint32_t state) noexcept {
-  return avx512_fold(Stream<true>{src, dst}, n, state);
+  return avx512_cached(Stream<Copy::kCached>{src, dst}, n, state);
+}
+
+KVTIER_CRC_TARGET_AVX512 std::uint32_t crc32c_copy_uncached_avx512_vpclmul(
+    unsigned char* dst, const unsigned char* src, std::size_t n, std::uint32_t state) noexcept {
+  return copy_uncached<avx512_cached, avx512_uncached>(dst, src, n, state);
 }
 
 // ---- 256-bit (AVX2 + VPCLMULQDQ) --------------------------------------------------------
@@ -220,10 +267,14 @@ constexpr std::size_t kYmmAccumulators = 4;  // 128 bytes per round: 8 multiplie
 #define KVTIER_CRC_INLINE_AVX2 \
   __attribute__((target("avx2,vpclmulqdq,sse4.2,pclmul"), always_inline)) inline
 
-template <bool kCopy>
+// As load512: every 256-bit load is at a multiple of 32 bytes from the start.
+template <Copy kCopy>
 KVTIER_CRC_INLINE_AVX2 __m256i load256(const Stream<kCopy>& s, std::size_t at) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.src + at));
-  if constexpr (kCopy) _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.dst + at), v);
+  if constexpr (kCopy == Copy::kCached)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.dst + at), v);
+  if constexpr (kCopy == Copy::kUncached)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(s.dst + at), v);
   return v;
 }
 
@@ -240,7 +291,7 @@ KVTIER_CRC_INLINE_AVX2 __m256i fold256_into(__m256i x, __m256i k, __m256i next) 
   return _mm256_xor_si256(fold256(x, k), next);
 }
 
-template <bool kCopy>
+template <Copy kCopy>
 KVTIER_CRC_INLINE_AVX2 std::uint32_t avx2_fold(Stream<kCopy> s, std::size_t n,
                                                std::uint32_t state) {
   if (n < kYmmBytes) return short_span(state, s, n);
@@ -278,18 +329,33 @@ KVTIER_CRC_INLINE_AVX2 std::uint32_t avx2_fold(Stream<kCopy> s, std::size_t n,
   return finish(_mm_xor_si128(lane0, _mm256_extracti128_si256(x, 1)), s, n);
 }
 
+KVTIER_CRC_TARGET_AVX2 std::uint32_t avx2_cached(Stream<Copy::kCached> s, std::size_t n,
+                                                 std::uint32_t state) {
+  return avx2_fold(s, n, state);
+}
+
+KVTIER_CRC_TARGET_AVX2 std::uint32_t avx2_uncached(Stream<Copy::kUncached> s, std::size_t n,
+                                                   std::uint32_t state) {
+  return avx2_fold(s, n, state);
+}
+
 }  // namespace
 
 KVTIER_CRC_TARGET_AVX2 std::uint32_t crc32c_avx2_vpclmul(const unsigned char* p, std::size_t n,
                                                          std::uint32_t state) noexcept {
-  return avx2_fold(Stream<false>{p, nullptr}, n, state);
+  return avx2_fold(Stream<Copy::kNone>{p, nullptr}, n, state);
 }
 
 KVTIER_CRC_TARGET_AVX2 std::uint32_t crc32c_copy_avx2_vpclmul(unsigned char* dst,
                                                               const unsigned char* src,
                                                               std::size_t n,
                                                               std::uint32_t state) noexcept {
-  return avx2_fold(Stream<true>{src, dst}, n, state);
+  return avx2_cached(Stream<Copy::kCached>{src, dst}, n, state);
+}
+
+KVTIER_CRC_TARGET_AVX2 std::uint32_t crc32c_copy_uncached_avx2_vpclmul(
+    unsigned char* dst, const unsigned char* src, std::size_t n, std::uint32_t state) noexcept {
+  return copy_uncached<avx2_cached, avx2_uncached>(dst, src, n, state);
 }
 
 // ---- detection ----------------------------------------------------------------------------
