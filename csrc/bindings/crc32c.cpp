@@ -145,8 +145,9 @@ void register_crc32c(py::module_& m) {
   m.def("_crc32c_copy_chunks", &crc32c_copy_chunks, "dst"_a, "src"_a, "chunk_bytes"_a,
         "passes"_a = 1, "mode"_a = "fused",
         "Copies src into dst chunk_bytes at a time, passes times over, as 'memcpy', 'crc' (of src "
-        "only), 'memcpy+crc', 'fused' (crc32c_copy) or 'fused-uncached' (crc32c_copy_uncached); returns the XOR of the chunks' CRC32C (0 "
-        "for 'memcpy'). A benchmark hook for bench/crc32c_speed.py.");
+        "only), 'memcpy+crc', 'fused' (crc32c_copy) or 'fused-uncached' "
+        "(crc32c_copy_uncached); returns the XOR of the chunks' CRC32C (0 for 'memcpy'). A "
+        "benchmark hook for bench/crc32c_speed.py.");
 }
 
 }  // namespace kvtier::python

@@ -347,14 +347,18 @@ std::uint32_t copy_by(const std::string& path, void* dst, const void* src, std::
 }
 
 /// Checks that the copy path `path` (copy_by's names) copied exactly src[0, n) to dst at
-/// `dst_offset` of a buffer filled with a guard byte (no byte before or after it touched) and
-/// returned the reference CRC from `seed`.
+/// `dst_offset` past a 64-byte boundary of a buffer filled with a guard byte (no byte before
+/// or after it touched) and returned the reference CRC from `seed`. The boundary makes
+/// dst % 64 == dst_offset % 64 whatever the allocator returns, so `dst_offset` decides where
+/// an uncached copy's first cache line ends.
 bool copy_agrees(const std::string& path, const unsigned char* src, std::size_t n,
                  std::size_t dst_offset, std::uint32_t seed, std::vector<unsigned char>& out,
                  std::string& why) {
   constexpr unsigned char kGuard = 0xA7;
-  out.assign(dst_offset + n + 64, kGuard);
-  unsigned char* dst = out.data() + dst_offset;
+  out.assign(64 + dst_offset + n + 64, kGuard);
+  const std::size_t to_line = (64 - reinterpret_cast<std::uintptr_t>(out.data()) % 64) % 64;
+  const std::size_t at = to_line + dst_offset;  // dst's offset in `out`
+  unsigned char* dst = out.data() + at;
   const std::uint32_t got = copy_by(path, dst, src, n, seed);
   const std::uint32_t want = reference_crc32c(src, n, seed);
   const std::string where = (path.rfind("/", 0) == 0 || path.empty() ? "crc32c_copy" + path
@@ -369,12 +373,12 @@ bool copy_agrees(const std::string& path, const unsigned char* src, std::size_t 
     why = where + ": bytes not copied";
     return false;
   }
-  for (std::size_t i = 0; i < dst_offset; ++i)
+  for (std::size_t i = 0; i < at; ++i)
     if (out[i] != kGuard) {
       why = where + ": wrote before dst";
       return false;
     }
-  for (std::size_t i = dst_offset + n; i < out.size(); ++i)
+  for (std::size_t i = at + n; i < out.size(); ++i)
     if (out[i] != kGuard) {
       why = where + ": wrote past dst + length";
       return false;
@@ -399,14 +403,15 @@ KV_TEST(copy_matches_memcpy_then_crc_on_every_length_to_4096) {
   // Every length 0..4096 (each kernel's 16-, 32-, 64-byte steps and 128- and 256-byte rounds,
   // the blocked paths' short blocks), with source and destination misaligned differently,
   // from 0 and from a previous CRC; the destination's neighbours must stay untouched.
-  // (The uncached copies split at the destination's first 64-byte boundary: offsets 3, 5, 63
-  // and 1 put it at each side of the 16-, 32- and 64-byte steps.)
+  // (The uncached copies split at the destination's first 64-byte boundary: destination
+  // offsets 0 to 63 (copy_agrees aligns them to a line) put it before and after each of the
+  // 16-, 32- and 64-byte steps.)
   const auto data = kvtest::pattern(4096 + 128, 13);
   std::vector<unsigned char> out;
   std::string why;
   for (const std::string& path : copy_paths()) {
-    const std::pair<std::size_t, std::size_t> offsets[] = {{0, 0}, {1, 0}, {0, 3},
-                                                           {7, 5}, {13, 63}, {32, 1}};
+    const std::pair<std::size_t, std::size_t> offsets[] = {
+        {0, 0}, {1, 0}, {0, 3}, {7, 5}, {13, 63}, {32, 1}, {0, 16}, {5, 31}, {2, 33}, {9, 48}};
     for (const auto& [src_offset, dst_offset] : offsets) {
       for (std::size_t n = 0; n <= 4096; ++n) {
         // Every length at the aligned pair and one pair more; a sample at the others.
@@ -427,7 +432,8 @@ KV_TEST(copy_matches_memcpy_then_crc_on_large_spans) {
   const auto data = kvtest::pattern((4u << 20) + 4096 + 64, 17);
   std::vector<unsigned char> out;
   std::string why;
-  const std::pair<std::size_t, std::size_t> offsets[] = {{0, 0}, {3, 0}, {0, 5}, {33, 17}};
+  const std::pair<std::size_t, std::size_t> offsets[] = {{0, 0},  {3, 0},  {0, 5},
+                                                         {33, 17}, {1, 32}, {0, 63}};
   for (const std::string& path : copy_paths())
     for (std::size_t n :
          {std::size_t{3 * 4096 - 1}, std::size_t{3 * 4096}, std::size_t{3 * 4096 + 1},

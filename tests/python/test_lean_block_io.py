@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from block_files import skip_on_memory_fs
 from kvtier import _core as core
 
 PAGE = 4096
@@ -462,6 +463,78 @@ def test_host_segments_round_trip_and_write_the_same_file_as_contiguous_bytes(
         c = finished(engine)
         assert not c.success and c.errno == errno.EBADMSG
         assert not Path(paths[1]).exists()
+    finally:
+        engine.shutdown()
+
+
+# One block's host segments as (offset, length) in its row: odd offsets and lengths, and runs
+# that cross the 256 KiB pieces a file of memory is read in (the first piece also holds the
+# 4 KiB header), so that a piece covers several segments and a segment several pieces.
+SCATTER_RUNS = [(1, 1000), (2000, 3), (5003, 300_001), (305_111, 9), (305_200, 400_017)]
+SCATTER_STRIDE = 706_000
+
+
+@pytest.mark.parametrize("o_direct", [False, True], ids=["buffered", "direct"])
+@pytest.mark.parametrize("io_timeout_s", [10.0, 0.0], ids=["deadline", "no deadline"])
+@pytest.mark.parametrize("where", ["disk", "tmpfs"])
+def test_host_segments_load_exactly_and_nothing_around_them_is_written(
+    request: pytest.FixtureRequest, tmp_path: Path, where: str, io_timeout_s: float,
+    o_direct: bool
+) -> None:  # fmt: skip
+    """Loads into host segments that start and end mid cache line, on each load path: on a
+    disk under the deadline, the copy out of the worker's arena (crc32c_copy_uncached, its
+    CRC taken on the way); on a disk without one, the read in place; on a tmpfs, the reads in
+    256 KiB pieces straight into the segments, each piece's CRC taken as it lands; with
+    O_DIRECT and no deadline, the staging buffers. Every segment arrives whole, no byte between
+    or around them changes, and a byte flipped near the payload's end fails its block."""
+    if where == "tmpfs":
+        root = request.getfixturevalue("tmpfs_mount")
+    else:
+        root = tmp_path / "root"
+        root.mkdir()
+        skip_on_memory_fs(root)
+    if o_direct and (reason := core.probe_o_direct(str(root))):
+        pytest.skip(f"no O_DIRECT on {root}: {reason}")
+    n = 2
+    raw_src = np.random.default_rng(21).integers(0, 256, n * SCATTER_STRIDE + 64, dtype=np.uint8)
+    raw_dst = np.full(n * SCATTER_STRIDE + 64, 0x5C, dtype=np.uint8)
+    # Rows that start 3 bytes past a 64-byte line, so no segment's copy starts on a line.
+    src, dst = (a[(-a.ctypes.data) % 64 + 3 :] for a in (raw_src, raw_dst))
+    untouched = dst.copy()
+
+    def layout(buf: np.ndarray) -> Any:
+        return core.BlockLayout([(buf.ctypes.data, SCATTER_STRIDE, n, SCATTER_RUNS, False)])
+
+    paths = [str(root / "seg" / f"{b}.kvb") for b in range(n)]
+    keys = [b"scatter-%d" % b for b in range(n)]
+    engine = core.Engine(str(root), n_read_threads=1, n_write_threads=1,
+                         io_timeout_s=io_timeout_s, o_direct=o_direct)  # fmt: skip
+    try:
+        STORE, LOAD = core.Direction.STORE, core.Direction.LOAD
+        engine.submit_blocks(1, STORE, paths, keys, [0, 1], layout(src))
+        assert finished(engine).success
+        engine.submit_blocks(2, LOAD, paths, keys, [0, 1], layout(dst))
+        c = finished(engine)
+        assert c.success, c.error
+        for b in range(n):
+            for offset, length in SCATTER_RUNS:
+                at = b * SCATTER_STRIDE + offset
+                assert np.array_equal(dst[at : at + length], src[at : at + length]), (b, offset)
+                untouched[at : at + length] = src[at : at + length]
+        assert np.array_equal(dst[: n * SCATTER_STRIDE], untouched[: n * SCATTER_STRIDE])
+        if where == "disk":
+            assert engine.stats()["memory_fs_loads"] == 0  # the disk's paths, not memory's
+
+        payload = sum(length for _, length in SCATTER_RUNS)
+        with open(paths[0], "r+b") as f:
+            f.seek(PAGE + payload - 5)
+            byte = f.read(1)
+            f.seek(PAGE + payload - 5)
+            f.write(bytes([byte[0] ^ 0x01]))
+        engine.submit_blocks(3, LOAD, paths, keys, [0, 1], layout(dst))
+        c = finished(engine)
+        assert list(c.block_errnos) == [errno.EBADMSG, 0]
+        assert c.operation == "verify" and not Path(paths[0]).exists()
     finally:
         engine.shutdown()
 

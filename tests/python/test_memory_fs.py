@@ -232,68 +232,6 @@ def test_a_byte_flipped_past_the_first_piece_fails_the_block(
         engine.shutdown()
 
 
-# One block's host segments as (offset, length) in its row: odd offsets and lengths, and runs
-# that cross the 256 KiB pieces a file of memory is read in (the first piece also holds the
-# 4 KiB header), so that a piece covers several segments and a segment several pieces.
-SEGMENT_RUNS = [(1, 1000), (2000, 3), (5003, 300_001), (305_111, 9), (305_200, 400_017)]
-SEGMENT_STRIDE = 706_000
-
-
-@pytest.mark.parametrize("o_direct", [False, True], ids=["buffered", "direct"])
-@pytest.mark.parametrize("io_timeout_s", [10.0, 0.0], ids=["deadline", "no deadline"])
-def test_host_segments_load_from_tmpfs_exactly_and_nothing_around_them_is_written(
-    tmpfs_mount: Path, io_timeout_s: float, o_direct: bool
-) -> None:
-    """A load from a file of memory is read straight into the caller's segments in 256 KiB
-    pieces, each piece's CRC taken as it lands (psync_engine.cpp, preadv_with_crc; with
-    O_DIRECT, unaligned segments go through a staging buffer instead): every segment arrives
-    whole, no byte between or around them changes, and a byte flipped in the file's last
-    segment fails the block."""
-    if o_direct and (reason := _core.probe_o_direct(str(tmpfs_mount))):
-        pytest.skip(f"no O_DIRECT on this tmpfs: {reason}")
-    n = 2
-    rng = np.random.default_rng(21)
-    raw_src = rng.integers(0, 256, n * SEGMENT_STRIDE + 64, dtype=np.uint8)
-    raw_dst = np.full(n * SEGMENT_STRIDE + 64, 0x5C, dtype=np.uint8)
-    # Rows that start 3 bytes past a 64-byte line, so no segment's copy starts on a line.
-    src, dst = (a[(-a.ctypes.data) % 64 + 3 :] for a in (raw_src, raw_dst))
-    untouched = dst.copy()
-
-    def layout(buf: np.ndarray) -> object:
-        return _core.BlockLayout([(buf.ctypes.data, SEGMENT_STRIDE, n, SEGMENT_RUNS, False)])
-
-    paths, keys = _paths(tmpfs_mount, n)
-    engine = _core.Engine(str(tmpfs_mount), n_read_threads=1, n_write_threads=1,
-                          io_engine="psync", io_timeout_s=io_timeout_s,
-                          o_direct=o_direct)  # fmt: skip
-    try:
-        store, load = _core.Direction.STORE, _core.Direction.LOAD
-        engine.submit_blocks(1, store, [str(p) for p in paths], keys, [0, 1], layout(src))
-        assert _collect(engine, 1).success
-        engine.submit_blocks(2, load, [str(p) for p in paths], keys, [0, 1], layout(dst))
-        c = _collect(engine, 2)
-        assert c.success, c.error
-        for b in range(n):
-            for offset, length in SEGMENT_RUNS:
-                at = b * SEGMENT_STRIDE + offset
-                assert np.array_equal(dst[at : at + length], src[at : at + length]), (b, offset)
-                untouched[at : at + length] = src[at : at + length]
-        assert np.array_equal(dst[: n * SEGMENT_STRIDE], untouched[: n * SEGMENT_STRIDE])
-
-        payload = sum(length for _, length in SEGMENT_RUNS)
-        with open(paths[0], "r+b") as f:
-            f.seek(PAGE + payload - 5)
-            byte = f.read(1)
-            f.seek(PAGE + payload - 5)
-            f.write(bytes([byte[0] ^ 0x01]))
-        engine.submit_blocks(3, load, [str(p) for p in paths], keys, [0, 1], layout(dst))
-        c = _collect(engine, 3)
-        assert list(c.block_errnos) == [errno.EBADMSG, 0]
-        assert c.operation == "verify" and not paths[0].exists()
-    finally:
-        engine.shutdown()
-
-
 def test_a_truncated_file_on_tmpfs_fails_the_block(tmpfs_mount: Path) -> None:
     engine = _core.Engine(str(tmpfs_mount), n_read_threads=1, n_write_threads=1,
                           io_timeout_s=10.0)  # fmt: skip

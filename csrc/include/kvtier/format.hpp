@@ -37,7 +37,9 @@ KVTIER_EXPORT std::uint32_t crc32c_copy(std::uint32_t crc, void* dst, const void
 
 /// crc32c_copy() writing `dst` around the CPU's caches where the implementation can
 /// (non-temporal stores on the x86-64 folding paths; elsewhere it is crc32c_copy()): every
-/// line of `dst` goes to memory without first being read into the cache. For a destination
+/// whole 64-byte line of `dst` goes to memory without first being read into the cache (the
+/// partial lines at either end, and spans too short for the vector loop, are written through
+/// the cache). For a destination
 /// the CPU will not read soon (memory a device reads next, a buffer larger than the cache),
 /// that saves the memory traffic of fetching each line it overwrites; for one the CPU reads
 /// next, crc32c_copy() is faster. The bytes are visible to other threads when it returns, as

@@ -1,7 +1,7 @@
 // CRC32C by carry-less-multiply folding on aarch64: PMULL/PMULL2 (the crypto extension's
 // 64 x 64-bit polynomial multiply) on eight 128-bit accumulators, and the CRC32 extension's
 // crc32cx/crc32cb for the reduction and the last bytes. The arithmetic and its constants are in
-// crc32c_fold.hpp; the x86 kernels (crc32c_x86.cpp) have the same shape, and the same
+// crc32c_fold.hpp; the x86 kernels (crc32c_x86.cpp) have the same shape, and a similar
 // Stream: written once, the kernel either only reads its bytes or also stores every vector it
 // loaded to a destination (crc32c_copy).
 #if defined(__aarch64__)

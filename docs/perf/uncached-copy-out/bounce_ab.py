@@ -12,7 +12,7 @@ import sys, os, shutil, statistics
 from pathlib import Path
 from kvtier import _core
 from kvtier.bench.workload import PrimaryMemory
-sys.path.insert(0, "/work/main/bench")
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 from engine_throughput import _run_direction
 bs = int(sys.argv[1]) << 10; layout = sys.argv[2]; threads = int(sys.argv[3]); total = 512 << 20; n = total // bs
 pm = PrimaryMemory(n, bs, layout); pm.fill(1)

@@ -12,7 +12,7 @@ import sys, os, shutil, statistics
 from pathlib import Path
 from kvtier import _core
 from kvtier.bench.workload import PrimaryMemory
-sys.path.insert(0, "/work/main/bench")
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 from engine_throughput import _run_direction
 root = Path(sys.argv[1]); bs = int(sys.argv[2]) << 10; layout = sys.argv[3]; threads = int(sys.argv[4])
 total = int(sys.argv[5]) << 20; n = total // bs
