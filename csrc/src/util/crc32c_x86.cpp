@@ -211,31 +211,27 @@ KVTIER_CRC_INLINE_AVX512 std::uint32_t avx512_fold(Stream<kCopy> s, std::size_t 
                 n);
 }
 
-/// An uncached copy through `fold`: the bytes up to the destination's first 64-byte boundary
-/// through the cache, the rest with streaming stores, then a store fence, so that the copy is
-/// visible to other threads (the job's completion is published after this returns) like a
-/// copy through the cache. Non-temporal stores are weakly ordered: without the fence a thread
-/// that sees the completion could read the old bytes.
-template <std::uint32_t (*kCached)(Stream<Copy::kCached>, std::size_t, std::uint32_t),
-          std::uint32_t (*kUncached)(Stream<Copy::kUncached>, std::size_t, std::uint32_t)>
+/// An uncached copy: the bytes up to the destination's first 64-byte boundary through the
+/// kernel's own copy (`kCached`, a crc32c_copy_*), the rest through the same kernel with
+/// streaming stores (`kStreaming`, which needs `dst` aligned to 64 bytes), then a store fence,
+/// so that the copy is visible to other threads (the job's completion is published after this
+/// returns) like a copy through the cache. Non-temporal stores are weakly ordered: without the
+/// fence a thread that sees the completion could read the old bytes.
+template <Crc32cCopyKernel kCached, Crc32cCopyKernel kStreaming>
 KVTIER_CRC_TARGET_SSE std::uint32_t copy_uncached(unsigned char* dst, const unsigned char* src,
                                                   std::size_t n, std::uint32_t state) {
   const std::size_t to_line = (64 - reinterpret_cast<std::uintptr_t>(dst) % 64) % 64;
   const std::size_t head = n < to_line ? n : to_line;
-  if (head > 0) state = kCached(Stream<Copy::kCached>{src, dst}, head, state);
-  state = kUncached(Stream<Copy::kUncached>{src + head, dst + head}, n - head, state);
+  if (head > 0) state = kCached(dst, src, head, state);
+  state = kStreaming(dst + head, src + head, n - head, state);
   _mm_sfence();
   return state;
 }
 
-KVTIER_CRC_TARGET_AVX512 std::uint32_t avx512_cached(Stream<Copy::kCached> s, std::size_t n,
-                                                     std::uint32_t state) {
-  return avx512_fold(s, n, state);
-}
-
-KVTIER_CRC_TARGET_AVX512 std::uint32_t avx512_uncached(Stream<Copy::kUncached> s, std::size_t n,
-                                                       std::uint32_t state) {
-  return avx512_fold(s, n, state);
+KVTIER_CRC_TARGET_AVX512 std::uint32_t avx512_streaming(unsigned char* dst,
+                                                        const unsigned char* src, std::size_t n,
+                                                        std::uint32_t state) noexcept {
+  return avx512_fold(Stream<Copy::kUncached>{src, dst}, n, state);
 }
 
 }  // namespace
@@ -249,12 +245,12 @@ KVTIER_CRC_TARGET_AVX512 std::uint32_t crc32c_copy_avx512_vpclmul(unsigned char*
                                                                   const unsigned char* src,
                                                                   std::size_t n,
                                                                   std::uint32_t state) noexcept {
-  return avx512_cached(Stream<Copy::kCached>{src, dst}, n, state);
+  return avx512_fold(Stream<Copy::kCached>{src, dst}, n, state);
 }
 
 KVTIER_CRC_TARGET_AVX512 std::uint32_t crc32c_copy_uncached_avx512_vpclmul(
     unsigned char* dst, const unsigned char* src, std::size_t n, std::uint32_t state) noexcept {
-  return copy_uncached<avx512_cached, avx512_uncached>(dst, src, n, state);
+  return copy_uncached<crc32c_copy_avx512_vpclmul, avx512_streaming>(dst, src, n, state);
 }
 
 // ---- 256-bit (AVX2 + VPCLMULQDQ) --------------------------------------------------------
@@ -329,14 +325,9 @@ KVTIER_CRC_INLINE_AVX2 std::uint32_t avx2_fold(Stream<kCopy> s, std::size_t n,
   return finish(_mm_xor_si128(lane0, _mm256_extracti128_si256(x, 1)), s, n);
 }
 
-KVTIER_CRC_TARGET_AVX2 std::uint32_t avx2_cached(Stream<Copy::kCached> s, std::size_t n,
-                                                 std::uint32_t state) {
-  return avx2_fold(s, n, state);
-}
-
-KVTIER_CRC_TARGET_AVX2 std::uint32_t avx2_uncached(Stream<Copy::kUncached> s, std::size_t n,
-                                                   std::uint32_t state) {
-  return avx2_fold(s, n, state);
+KVTIER_CRC_TARGET_AVX2 std::uint32_t avx2_streaming(unsigned char* dst, const unsigned char* src,
+                                                    std::size_t n, std::uint32_t state) noexcept {
+  return avx2_fold(Stream<Copy::kUncached>{src, dst}, n, state);
 }
 
 }  // namespace
@@ -350,12 +341,12 @@ KVTIER_CRC_TARGET_AVX2 std::uint32_t crc32c_copy_avx2_vpclmul(unsigned char* dst
                                                               const unsigned char* src,
                                                               std::size_t n,
                                                               std::uint32_t state) noexcept {
-  return avx2_cached(Stream<Copy::kCached>{src, dst}, n, state);
+  return avx2_fold(Stream<Copy::kCached>{src, dst}, n, state);
 }
 
 KVTIER_CRC_TARGET_AVX2 std::uint32_t crc32c_copy_uncached_avx2_vpclmul(
     unsigned char* dst, const unsigned char* src, std::size_t n, std::uint32_t state) noexcept {
-  return copy_uncached<avx2_cached, avx2_uncached>(dst, src, n, state);
+  return copy_uncached<crc32c_copy_avx2_vpclmul, avx2_streaming>(dst, src, n, state);
 }
 
 // ---- detection ----------------------------------------------------------------------------
