@@ -231,7 +231,9 @@ class CapacityController:
         self._scan_seconds = 0.0
         self._candidates_at = 0.0
         self._pass_seconds = 0.0
-        self._fruitless = False  # the last pass that needed room found nothing to evict
+        # The last pass found nothing to evict, or could not run (another evictor held the
+        # lock): _serve asks for no other pass until a store finishes; the ticks still look.
+        self._fruitless = False
         self._unlinkers: DaemonPool | None = None
         self._unlink_tuning: UnlinkTuning | None = None  # where the last pass's waves settled
         self.evicted_blocks = self.evicted_bytes = self.rejected_stores = 0
@@ -638,16 +640,26 @@ class CapacityController:
         return mine.bounded_used(0 if mine.complete else fs_used_bytes(st))
 
     def _demand(self, state: LedgerState, st: os.statvfs_result) -> int:
-        """Budget taken plus what waiting stores need beyond this instance's reservation:
-        what eviction must make room for."""
+        """Budget taken plus what waiting stores need beyond the room ready for them: what
+        eviction must make room for.
+
+        The room ready is this instance's reservation and its kept files. Kept files are
+        counted in the budget taken (they are this instance's tmp files), and a recycling
+        store takes them before any reservation (admit). Those no waiting store will take
+        are room made already, for the stores to come: not counted, or a full cache that
+        keeps files would evict again for them. Those the waiting stores will take are not
+        room for anything else."""
         with self._lock:
-            spare = len(self._spares) * self.file_bytes  # room made already
-            extra = max(0, sum(w.need for w in self._waiting) - self._pool - spare)
+            spare = len(self._spares) * self.file_bytes
+            waiting = sum(w.need for w in self._waiting)
+            recycling = sum(w.need for w in self._waiting if w.spares is not None)
+            taken_by_waiting = min(spare, recycling)
+            extra = max(0, waiting - taken_by_waiting - self._pool)
             # Room for the oldest waiting store, or a chunk, at a time: a burst of waiting
             # stores must not evict the whole cache in one pass.
             first = self._waiting[0].need if self._waiting else 0
             extra = min(extra, max(first, self.chunk_bytes))
-        return self._taken(state, st, extra) - spare
+        return self._taken(state, st, extra) - (spare - taken_by_waiting)
 
     def _free_demand(self, st: os.statvfs_result) -> int:
         """Bytes to evict for the free-space floor, waiting stores included."""
@@ -855,7 +867,11 @@ class CapacityController:
     def _locked_pass(self) -> None:
         with evictor_lock(self.root, self._file_mode, self.close_failures) as held:
             if not held:
-                return  # another process (or gc) is at it; no repeated work
+                # Another process (or gc) is at it; no repeated work. Nor a request for
+                # another pass at once (_serve): the ticks, every WAIT_POLL_SECONDS while
+                # stores wait, look again, instead of this thread spinning on the lock.
+                self._fruitless = True
+                return
             self.recency.flush()
             with self._lock:
                 record = self._record()
@@ -871,6 +887,9 @@ class CapacityController:
             need = max(budget_need, self._free_demand(st)) if lru else 0
             due = self._reconcile_due()
             if not need and not due:
+                # Nothing to evict: stores that wait are waiting for a top-up or for others
+                # to give budget back, which the ticks look for.
+                self._fruitless = True
                 return
             # The last scan's candidates serve until they run out, then the blocks this
             # instance stored since (_refill_from_stores), then the pass scans again (below):
