@@ -16,13 +16,14 @@ steady:  store throughput with a full cache (every store makes room) against the
          evicted = thread CPU of the tier's eviction passes / GiB they evicted. Each run has a
          fresh root; --leaf-dirs gives it the 65,536 leaf directories a cache that has run a
          while has (every walk of the root passes them).
-steady and recency are kvtier.bench.capacity, which `kvtier bench --max-bytes` runs too.
 evict:   process CPU and wall seconds per GiB to survey and evict real block files.
 recency: p50 latency of one-block loads with the tier's recency bookkeeping against the
          same tier with it switched off (record_use replaced by a no-op), alternating.
 submit:  p50/p99 of submit_store() calls (the caller's thread only) with a full budget
          against the same tier without one, alternating run by run; --blocks-per-job
          blocks of 256 KiB per job (default 1), at most --inflight jobs in flight.
+steady, submit and recency are kvtier.bench.capacity, which `kvtier bench --max-bytes` runs
+too.
 gcpause: the full garbage collection a process pays (GIL held) while it keeps a survey's
          candidates, as a tier does between passes: makes N empty block files, surveys
          them, then times gc.collect() with the candidates held and after they are dropped,
@@ -331,47 +332,6 @@ def million(args: argparse.Namespace) -> dict:
     return result
 
 
-def _submit_latencies(
-    root: Path, row: int, jobs: int, inflight: int, budget: int | None, per_job: int = 1
-) -> list:
-    """Seconds of each submit_store() call; a store that fails ends the measurement (its
-    submit would be timed for a refusal, not for a store)."""
-    from kvtier.tiering.base import JobMetadata, make_offload_key
-
-    rows = max(8, per_job)
-    buf = np.random.default_rng(0).integers(0, 256, (rows, row), dtype=np.uint8)
-    options = {"min_free_fraction": 0, "max_queued_store_jobs": 4 * inflight}
-    if budget is not None:
-        options["max_bytes"] = budget
-    tier = FileSystemTierManager(SPEC, memoryview(buf), "fs", root_dir=str(root), **options)
-    seconds, pending = [], 0
-
-    def collect(results: list) -> int:
-        failed = [r for r in results if not r.success]
-        if failed:
-            raise SystemExit(f"submit: {len(failed)} store job(s) failed: {failed[0].error}")
-        return len(results)
-
-    try:
-        for j in range(jobs):
-            while pending >= inflight:
-                pending -= collect(tier.get_finished())
-                time.sleep(0.0001)
-            first = j * per_job  # a block hash of its own for every block
-            keys = [make_offload_key((first + b).to_bytes(32, "big"), 0) for b in range(per_job)]
-            slots = np.arange(first, first + per_job) % rows
-            job = JobMetadata(j, keys, slots, False, None)
-            started = time.perf_counter()
-            tier.submit_store(job)
-            seconds.append(time.perf_counter() - started)
-            pending += 1
-        tier.drain_jobs()
-        collect(tier.get_finished())
-    finally:
-        tier.shutdown()
-    return seconds
-
-
 def submit_latency(args: argparse.Namespace) -> dict:
     if not 1 <= args.blocks_per_job <= 64:
         raise SystemExit(f"--blocks-per-job must be 1 to 64, got {args.blocks_per_job}")
@@ -383,23 +343,16 @@ def submit_latency(args: argparse.Namespace) -> dict:
             f"{args.blocks_per_job} blocks ({format_size(job_bytes)} each): give at least "
             f"{format_size(2 * job_bytes)}"
         )
-    runs: dict[str, list[float]] = {"budget": [], "none": []}
-    for _ in range(args.repeat):
-        for kind in ("budget", "none"):
-            with scratch(args.root) as root:
-                budget = args.budget if kind == "budget" else None
-                if budget is not None:  # a full cache: every store makes room
-                    _submit_latencies(root, row, budget // block_file_bytes(row), 8, budget)
-                runs[kind] += _submit_latencies(
-                    root, row, args.jobs, args.inflight, budget, args.blocks_per_job
-                )
-    result = {}
-    for kind, seconds in runs.items():
-        q = np.quantile(np.array(seconds), [0.5, 0.99])
-        result[kind] = {"p50_us": round(q[0] * 1e6, 1), "p99_us": round(q[1] * 1e6, 1)}
-    result["p99_ratio"] = round(result["budget"]["p99_us"] / result["none"]["p99_us"], 2)
-    result["budget_bytes"] = args.budget
-    result["blocks_per_job"] = args.blocks_per_job
+    with scratch(args.root) as root:
+        result = capacity.submit_cost(
+            root,
+            row,
+            args.budget,
+            args.jobs,
+            args.repeat,
+            blocks_per_job=args.blocks_per_job,
+            inflight=args.inflight,
+        )
     print(json.dumps(result))
     return result
 

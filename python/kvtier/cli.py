@@ -300,7 +300,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="SIZE",
         help='also measure a full cache of this budget ("512M", "2GB"): stores of 2 x SIZE '
         "into it (each one makes room) next to the same stores without a budget, eviction CPU "
-        f"per GiB and recency bookkeeping on load latency; needs 2 x SIZE free ({SIZE_UNITS_HELP})",
+        "per GiB, submit_store p99 with the budget and without, and recency bookkeeping on "
+        f"load latency; needs 2 x SIZE free ({SIZE_UNITS_HELP})",
     )
     bench.add_argument(
         "--json",

@@ -74,6 +74,10 @@ def test_max_bytes_adds_a_capacity_section(tmp_path: Path) -> None:
     capacity = json.loads(out.read_text())["capacity"]
     assert capacity["max_bytes"] == 4 << 20
     assert capacity["stored_bytes_per_run"] == 8 << 20
+    # The tiers ran with the bench's defaults, as its throughput tiers do.
+    tier = capacity["tier"]
+    assert (tier["checksum"], tier["primary"]) == ("crc32c", "scattered"), tier
+    assert tier["io_engine"] in ("psync", "io_uring"), tier
     (entry,) = capacity["steady"].values()
     assert entry["block_size"] == 64 << 10
     assert entry["store_gbps_no_budget"] > 0 and entry["store_gbps_full_cache"] > 0
@@ -85,6 +89,22 @@ def test_max_bytes_adds_a_capacity_section(tmp_path: Path) -> None:
     assert full["used_bytes"] <= 4 << 20
     assert entry["eviction_cpu_s_per_gib"] > 0
     assert entry["runs"]["no_budget"][0]["evicted_bytes"] == 0
+    # submit_store latency: jobs of --blocks-per-job 8 blocks of the smallest size, as many
+    # as fill max_bytes (4 MiB // (8 x 68 KiB) = 7), with a full budget against none.
+    submit = capacity["submit"]
+    assert (submit["block_size"], submit["blocks_per_job"], submit["submits_each"]) == (
+        64 << 10,
+        8,
+        7,
+    )
+    assert submit["failed_jobs"] == {"budget": 0, "none": 0}
+    # The cache was full: it evicted for the stores (all but what room was left under the
+    # budget after the fill), and the run without a budget evicted nothing.
+    assert submit["evicted_bytes"]["budget"] >= 7 * 8 * (64 << 10) // 2
+    assert submit["evicted_bytes"]["none"] == 0
+    assert 0 < submit["budget"]["p50_us"] <= submit["budget"]["p99_us"]
+    assert 0 < submit["none"]["p50_us"] <= submit["none"]["p99_us"]
+    assert submit["p99_ratio"] == round(submit["budget"]["p99_us"] / submit["none"]["p99_us"], 2)
     recency = capacity["recency"]
     assert recency["samples_each"] == 50
     assert recency["ratio"] == pytest.approx(
@@ -92,6 +112,9 @@ def test_max_bytes_adds_a_capacity_section(tmp_path: Path) -> None:
     )
     assert "Capacity: a full cache (max_bytes 4 MiB" in proc.stdout
     assert "recency bookkeeping on one-block load p50" in proc.stdout
+    assert "submit_store on the caller's thread, full cache / no budget: p99" in proc.stdout
+    assert "submit_store p99 <= 1.2x" in proc.stdout
+    assert "capacity: submit_store latency, full cache (run 1/1)" in proc.stderr
     assert "capacity:" in proc.stderr  # its steps are in the progress output
     assert list(root.iterdir()) == []
 
@@ -99,6 +122,71 @@ def test_max_bytes_adds_a_capacity_section(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     section = proc.stdout[proc.stdout.index("Capacity:") :].split("\n\nResults")[0]
     assert section.strip() in again.stdout
+
+    # A result saved before the submit latency was measured still renders, without it.
+    saved = json.loads(out.read_text())
+    del saved["capacity"]["submit"]
+    out.write_text(json.dumps(saved))
+    older = bench("--from-json", out)
+    assert older.returncode == 0, older.stderr
+    assert "Capacity: a full cache" in older.stdout
+    assert "submit_store" not in older.stdout
+
+
+def test_the_capacity_runs_honour_the_tier_options_and_memory_layout_asked_for(
+    tmp_path: Path,
+) -> None:
+    """--checksum, --io-engine, --io-timeout-s, --max-stores-in-flight-while-loading and
+    --primary apply to the capacity section's tiers too: each tier reports what it ran with."""
+    out = tmp_path / "out.json"
+    proc = bench(
+        "--root", tmp_path, *TINY, "--max-bytes", "4MiB", "--json", out, "--checksum", "none",
+        "--io-engine", "psync", "--io-timeout-s", "0", "--max-stores-in-flight-while-loading",
+        "3", "--primary", "plain", "--quiet",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    tier = json.loads(out.read_text())["capacity"]["tier"]
+    assert tier == {
+        "io_engine": "psync",
+        "checksum": "none",
+        "io_timeout_s": 0,
+        "max_stores_in_flight_while_loading": 3,
+        "primary": "plain",
+    }
+    assert (
+        "tiers: io_engine psync, checksum none, io_timeout_s 0, "
+        "max_stores_in_flight_while_loading 3, primary memory plain"
+    ) in proc.stdout
+
+
+def test_max_bytes_with_compare_io_engines_is_refused_before_measuring(tmp_path: Path) -> None:
+    proc = bench("--root", tmp_path, *TINY, "--max-bytes", "4MiB", "--compare-io-engines")
+    assert_one_line_error(proc, "--max-bytes measures one tier", "--compare-io-engines")
+    assert list(tmp_path.iterdir()) == []
+    assert "Throughput" not in proc.stdout
+
+
+def test_capacity_bench_submit_times_each_call_in_both_runs_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """`capacity_bench.py submit` runs kvtier.bench.capacity.submit_cost, as `kvtier bench
+    --max-bytes` does: every call of two pairs of runs timed, the budget's runs evicting."""
+    proc = subprocess.run(
+        [
+            sys.executable, str(CAPACITY_BENCH), "submit", "--root", str(tmp_path),
+            "--budget", "4MiB", "--jobs", "20", "--repeat", "2", "--inflight", "4",
+            "--blocks-per-job", "2",
+        ],
+        capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (out["submits_each"], out["blocks_per_job"], out["inflight_jobs"]) == (40, 2, 4)
+    assert out["failed_jobs"] == {"budget": 0, "none": 0}
+    assert out["evicted_bytes"]["budget"] > 0 and out["evicted_bytes"]["none"] == 0
+    low, high = out["p99_ratio_spread"]
+    assert 0 < low <= high
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_steady_run_with_leaf_dirs_stores_beside_every_leaf_directory(tmp_path: Path) -> None:

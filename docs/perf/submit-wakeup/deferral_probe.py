@@ -4,7 +4,8 @@ make it (section 35).
     python docs/perf/submit-wakeup/deferral_probe.py [--root /dev/shm] [--inflight 8]
         [--blocks-per-job 1]
 
-Fills the bench's budget (64 MiB for one-block jobs, 1 GiB otherwise), stores 4,000 (or 1,000)
+Fills the bench's budget (64 MiB for one-block jobs, 1 GiB otherwise; since the bench moved
+to kvtier.bench.capacity, on the measured tier itself), stores 4,000 (or 1,000)
 jobs, and prints how many admissions answered DEFERRED, how many passes ran, their median
 duration, and the median count of kept files before and after a pass.
 """
@@ -13,15 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-import capacity_bench as cb  # noqa: E402
-from kvtier.tiering.fs.capacity import controller  # noqa: E402
+from kvtier.bench import capacity
+from kvtier.tiering.fs.capacity import controller
 
 Controller = controller.CapacityController
 ROW = 256 << 10
@@ -50,13 +49,19 @@ def main() -> None:
         passes.append((time.perf_counter() - started, kept, len(self._spares)))
 
     Controller.admit, Controller._locked_pass = counting_admit, timed_pass
-    with tempfile.TemporaryDirectory(dir=args.root) as d:
-        root = Path(d)
-        cb._submit_latencies(root, ROW, budget // cb.block_file_bytes(ROW), 8, budget)
+    fill = capacity._fill
+
+    def fill_then_count(*a, **k) -> None:  # the filling stores are not counted
+        fill(*a, **k)
         answers.clear()
         passes.clear()
+
+    capacity._fill = fill_then_count
+    with tempfile.TemporaryDirectory(dir=args.root) as d:
         jobs = 4000 if per_job == 1 else 1000
-        cb._submit_latencies(root, ROW, jobs, args.inflight, budget, per_job)
+        capacity.submit_latencies(
+            Path(d), ROW, jobs, budget, blocks_per_job=per_job, inflight=args.inflight
+        )
     print(
         f"in flight {args.inflight}, {per_job} block(s) per job: {dict(answers)}; "
         f"{len(passes)} passes, median {statistics.median(p[0] for p in passes) * 1e3:.2f} ms; "

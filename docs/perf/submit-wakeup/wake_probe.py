@@ -4,25 +4,24 @@
     python docs/perf/submit-wakeup/wake_probe.py [--root /dev/shm] [--blocks-per-job 16]
 
 Fills a budget (1 GiB for jobs of several blocks, 64 MiB for one-block jobs, as the bench's
-runs), then times 1,000 (or 4,000 one-block) stores three times. For each run it prints the
-p99 of the calls and, for the slowest 1%, the median time spent in admission
-(`CapacityController.admit`) and in its wake-up of the capacity thread (`_poke`), the
-longest admission, and how many of all the calls found the thread asleep and woke it.
+runs; since the bench moved to kvtier.bench.capacity, on the measured tier itself), then times
+1,000 (or 4,000 one-block) stores three times. For each run it prints the p99 of the calls
+and, for the slowest 1%, the median time spent in admission (`CapacityController.admit`) and
+in its wake-up of the capacity thread (`_poke`), the longest admission, and how many of all
+the calls found the thread asleep and woke it.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-import capacity_bench as cb  # noqa: E402
-from kvtier.tiering.fs import manager  # noqa: E402
-from kvtier.tiering.fs.capacity import controller  # noqa: E402
+from kvtier.bench import capacity
+from kvtier.tiering.fs import manager
+from kvtier.tiering.fs.capacity import controller
 
 Controller = controller.CapacityController
 ROW = 256 << 10
@@ -73,13 +72,19 @@ def main() -> None:
         calls.append((time.perf_counter() - started, call.get("admit", 0.0), call.get("poke", 0.0)))
 
     manager.FileSystemTierManager.submit_store = timed_submit
+    fill = capacity._fill
+
+    def fill_then_count(*a, **k) -> None:  # the filling stores are not counted
+        fill(*a, **k)
+        calls.clear()
+        woken[0] = 0
+
+    capacity._fill = fill_then_count
     for run in range(3):
         with tempfile.TemporaryDirectory(dir=args.root) as d:
-            root = Path(d)
-            cb._submit_latencies(root, ROW, budget // cb.block_file_bytes(ROW), 8, budget)
-            calls.clear()
-            woken[0] = 0
-            cb._submit_latencies(root, ROW, jobs, args.inflight, budget, per_job)
+            capacity.submit_latencies(
+                Path(d), ROW, jobs, budget, blocks_per_job=per_job, inflight=args.inflight
+            )
         calls.sort(reverse=True)
         n = len(calls) // 100
         slow = calls[:n]

@@ -1,5 +1,6 @@
 """What a byte budget costs (`kvtier bench --max-bytes`): stores into a full cache next to the
-same stores without a budget, the CPU of eviction, and recency bookkeeping on load latency.
+same stores without a budget, the CPU of eviction, the caller's ``submit_store`` latency, and
+recency bookkeeping on load latency.
 
 Steady state: before the measured part the cache is filled to its budget and the evictor has
 brought it under its high watermark; then ``2 x max_bytes`` of new blocks are stored (at most
@@ -9,6 +10,10 @@ blocks; GB/s counts stored bytes only. The run without a budget stores the same 
 the two alternate run by run. Eviction CPU is the thread CPU time of the tier's eviction
 passes (scans, ledger, unlinks) per GiB evicted. Both runs set ``min_free_fraction=0``, so a
 nearly full file system does not turn the unbudgeted run into a budgeted one.
+
+Submit: the caller's time in ``submit_store`` alone (the stores run on the tier's workers),
+with a full budget (every store makes room) against the same stores without one, alternating
+run by run: p50 and p99 over every call of each kind (``submit_cost``).
 
 Recency: one-block loads, one at a time, alternating between the tier as shipped and the same
 tier with its use bookkeeping switched off.
@@ -25,14 +30,16 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 import numpy as np
 
-from kvtier.bench.config import BenchConfig, GiB, MiB
+from kvtier.bench.config import TIER_OPTION_FLAGS, BenchConfig, GiB, MiB
 from kvtier.bench.errors import BenchError
+from kvtier.bench.primary import PrimaryMemory
 from kvtier.bench.progress import Progress
 from kvtier.tiering.base import JobMetadata, OffloadKey, ReqContext, make_offload_key
 from kvtier.tiering.fs.capacity import block_file_bytes, format_size
@@ -45,8 +52,10 @@ JOB_BLOCKS = 8
 INFLIGHT_JOBS = 8
 #: Rows of primary memory the stores cycle through (block contents do not matter).
 _ROWS = 64
-#: The issue's targets: full-cache stores at >= 0.9x, recency adding <= 5% to load p50.
+#: The issue's targets: full-cache stores at >= 0.9x, submit_store p99 with a budget at most
+#: 1.2x without, recency adding <= 5% to load p50.
 STORE_RATIO_TARGET = 0.9
+SUBMIT_P99_TARGET = 1.2
 RECENCY_P50_TARGET = 1.05
 _RETRY_SECONDS = 0.001
 _SETTLE_TIMEOUT_S = 120.0
@@ -54,6 +63,45 @@ _SETTLE_TIMEOUT_S = 120.0
 
 def _key(i: int) -> OffloadKey:
     return make_offload_key(i.to_bytes(32, "big"), 0)
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    """What `kvtier bench` asks of its tiers that the capacity runs honour too: the fs tier's
+    options (``io_engine``, ``checksum``, ``io_timeout_s``,
+    ``max_stores_in_flight_while_loading``) and the primary memory's layout (``--primary``).
+    The default is the tier's defaults over plain memory (bench/capacity_bench.py)."""
+
+    options: Mapping[str, object] = field(default_factory=dict)
+    primary: str = "plain"
+
+    @classmethod
+    def of(cls, config: BenchConfig) -> TierSettings:
+        options: dict[str, object] = {"io_engine": config.io_engine, "checksum": config.checksum}
+        for name in TIER_OPTION_FLAGS:
+            if getattr(config, name) is not None:  # else the tier's default
+                options[name] = getattr(config, name)
+        return cls(options, config.primary)
+
+
+@contextlib.contextmanager
+def _tier(
+    root: Path, rows: int, row: int, settings: TierSettings, **options: object
+) -> Iterator[FileSystemTierManager]:
+    """A fs tier on ``root`` over ``rows`` rows of ``row`` bytes of primary memory laid out
+    as ``settings`` say, with their options and ``options``; shut down on the way out."""
+    primary = PrimaryMemory(rows, row, settings.primary)
+    try:
+        primary.fill(seed=row)
+        tier = FileSystemTierManager(
+            SPEC, primary.view, "fs", root_dir=str(root), **settings.options, **options
+        )
+        try:
+            yield tier
+        finally:
+            tier.shutdown()
+    finally:
+        primary.close()
 
 
 @contextlib.contextmanager
@@ -80,16 +128,21 @@ def _collect(tier: FileSystemTierManager, sizes: dict[int, int]) -> tuple[int, i
     return failed, stored
 
 
-def _fill(tier: FileSystemTierManager, row: int, budget: int, first: int) -> None:
-    """Store the budget's worth of blocks, then wait until the evictor has brought the cache
-    under its high watermark: a cache that has been full for a while."""
-    fill = budget // block_file_bytes(row)
+def _store_before(tier: FileSystemTierManager, row: int, nbytes: int, first: int) -> None:
+    """Store ``nbytes`` worth of blocks (keys below ``first``) and wait for them."""
+    fill = nbytes // block_file_bytes(row)
     for j in range(0, fill, JOB_BLOCKS):
         keys = [_key(first - 1 - i) for i in range(j, min(fill, j + JOB_BLOCKS))]
         ids = np.arange(len(keys), dtype=np.int64) % _ROWS
         tier.submit_store(JobMetadata(j, keys, ids, False, _CTX))
     tier.drain_jobs()
     tier.get_finished()
+
+
+def _fill(tier: FileSystemTierManager, row: int, budget: int, first: int) -> None:
+    """Store the budget's worth of blocks, then wait until the evictor has brought the cache
+    under its high watermark: a cache that has been full for a while."""
+    _store_before(tier, row, budget, first)
     high = tier._capacity.policy.high_bytes or 0  # bench only: the tier's own watermark
     deadline = time.monotonic() + _SETTLE_TIMEOUT_S
     while tier.stats()["used_bytes"] > high:
@@ -114,24 +167,23 @@ def store_run(
     inflight: int = INFLIGHT_JOBS,
     threads: tuple[int, int] = (16, 16),
     leaf_dirs: bool = False,
+    settings: TierSettings = TierSettings(),
 ) -> dict:
     """Store ``total`` bytes of new ``row``-byte blocks into a tier on ``root``; with a
     ``budget``, into a cache filled to it first. Keys start at ``first``. With
     ``leaf_dirs``, the namespace's 65,536 leaf directories (docs/FORMAT.md) are made first,
     as a cache that has run a while has them: every walk of the root passes them."""
-    rows = np.random.default_rng(0).integers(0, 256, (_ROWS, row), dtype=np.uint8)
-    tier = FileSystemTierManager(
-        SPEC,
-        rows.data,
-        "fs",
-        root_dir=str(root),
+    with _tier(
+        root,
+        _ROWS,
+        row,
+        settings,
         max_bytes=budget,
         min_free_fraction=0,
         n_read_threads=threads[0],
         n_write_threads=threads[1],
         max_queued_store_jobs=max(1024, 2 * inflight),
-    )
-    try:
+    ) as tier:
         if leaf_dirs:
             _make_leaf_dirs(Path(tier.file_mapper.rank_dir))
         if budget is not None:
@@ -179,9 +231,19 @@ def store_run(
             "recycled_blocks": stats["recycled_blocks"] - before["recycled_blocks"],
             "stored_blocks": stored // row,
             "used_bytes": stats["used_bytes"],
+            "tier": _ran(tier),
         }
-    finally:
-        tier.shutdown()
+
+
+def _ran(tier: FileSystemTierManager) -> dict:
+    """The settings a tier ran with, as it reports them ("auto" resolved)."""
+    opts = tier.options
+    return {
+        "io_engine": tier.io_engine,
+        "checksum": opts.checksum,
+        "io_timeout_s": opts.io_timeout_s,
+        "max_stores_in_flight_while_loading": opts.max_stores_in_flight_while_loading,
+    }
 
 
 def steady(
@@ -194,6 +256,7 @@ def steady(
     threads: tuple[int, int] = (16, 16),
     inflight: int = INFLIGHT_JOBS,
     leaf_dirs: bool = False,
+    settings: TierSettings = TierSettings(),
     on_run: Callable[[str], None] | None = None,
     on_done: Callable[[], None] | None = None,
 ) -> dict:
@@ -222,6 +285,7 @@ def steady(
                                 inflight=inflight,
                                 threads=threads,
                                 leaf_dirs=leaf_dirs,
+                                settings=settings,
                             )
                         )
                 finally:
@@ -255,18 +319,164 @@ def steady(
     return out
 
 
-def recency_cost(root: Path, samples: int, repeat: int) -> dict:
+def submit_latencies(
+    root: Path,
+    row: int,
+    jobs: int,
+    budget: int | None,
+    *,
+    blocks_per_job: int,
+    inflight: int,
+    threads: tuple[int, int] = (16, 16),
+    first: int = 10**9,
+    before: int = 0,
+    settings: TierSettings = TierSettings(),
+) -> dict:
+    """``seconds`` of each of ``jobs`` ``submit_store()`` calls (the caller's thread only) of
+    ``blocks_per_job`` new ``row``-byte blocks, at most ``inflight`` jobs in flight; the store
+    jobs that ``failed``; the bytes the tier ``evicted`` while they ran. With a ``budget`` the
+    cache is filled to it first, so every store makes room; without one, ``before`` bytes are
+    stored first (keys below ``first``, the timed blocks' from it on). A failed store is timed
+    like any other (its submit returned before anyone knew), and counted."""
+    slots = max(_ROWS, blocks_per_job)
+    seconds: list[float] = []
+    failed = pending = 0
+    with _tier(
+        root,
+        slots,
+        row,
+        settings,
+        max_bytes=budget,
+        min_free_fraction=0,
+        n_read_threads=threads[0],
+        n_write_threads=threads[1],
+        max_queued_store_jobs=max(1024, 4 * inflight),
+    ) as tier:
+
+        def collect() -> None:
+            nonlocal failed, pending
+            for r in tier.get_finished():
+                pending -= 1
+                failed += not r.success
+
+        # Both kinds of run store ``before`` bytes first, untimed: the budget's runs to fill
+        # the cache, the others so that their tier is as warm (its workers started, their
+        # buffers allocated) and their root holds as many files.
+        if budget is not None:
+            _fill(tier, row, budget, first)
+        else:
+            _store_before(tier, row, before, first)
+        evicted = tier.stats()["evicted_bytes"]
+        for j in range(jobs):
+            while pending >= inflight:
+                collect()
+                time.sleep(0.0001)
+            start = first + j * blocks_per_job  # a block hash of its own for every block
+            keys = [_key(start + b) for b in range(blocks_per_job)]
+            ids = np.arange(start, start + blocks_per_job, dtype=np.int64) % slots
+            job = JobMetadata(j, keys, ids, False, _CTX)
+            began = time.perf_counter()
+            tier.submit_store(job)
+            seconds.append(time.perf_counter() - began)
+            pending += 1
+        tier.drain_jobs()
+        collect()
+        # The last stores' room is made on the capacity thread: count that eviction too.
+        if not tier._capacity.wait_idle(_SETTLE_TIMEOUT_S):  # bench only
+            raise BenchError("the evictor did not finish its pass in time")
+        evicted = tier.stats()["evicted_bytes"] - evicted
+    return {"seconds": seconds, "failed": failed, "evicted": evicted}
+
+
+def submit_cost(
+    root: Path,
+    row: int,
+    budget: int,
+    jobs: int,
+    repeat: int,
+    *,
+    blocks_per_job: int,
+    inflight: int,
+    threads: tuple[int, int] = (16, 16),
+    settings: TierSettings = TierSettings(),
+    on_run: Callable[[str], None] | None = None,
+    on_done: Callable[[], None] | None = None,
+) -> dict:
+    """``submit_store()`` latency with a full budget against the same stores without one,
+    ``repeat`` pairs of runs alternating (which goes first alternates too), each run in a
+    fresh directory below ``root`` on a tier that stored ``budget`` bytes first (the run
+    without a budget keeps them: it needs room for ``budget`` + the jobs' bytes). p50 and
+    p99 are taken over every call of a kind, and the target's ratio is that of the two p99s;
+    ``p99_ratio_spread`` is the range of the pairs' own ratios."""
+    calls: dict[str, list[float]] = {"budget": [], "none": []}
+    pairs: list[dict[str, float]] = []
+    failed = {"budget": 0, "none": 0}
+    evicted = {"budget": 0, "none": 0}
+    for rep in range(repeat):
+        order = [("budget", budget), ("none", None)]
+        pair: dict[str, float] = {}
+        for name, limit in order if rep % 2 == 0 else reversed(order):
+            if on_run is not None:
+                label = "full cache" if limit is not None else "no budget"
+                on_run(f"submit_store latency, {label} (run {rep + 1}/{repeat})")
+            directory = root / f"capacity-submit-{rep}-{name}"
+            directory.mkdir()
+            try:
+                with _quiet_refusals():
+                    run = submit_latencies(
+                        directory,
+                        row,
+                        jobs,
+                        limit,
+                        blocks_per_job=blocks_per_job,
+                        inflight=inflight,
+                        threads=threads,
+                        first=10**9 * (rep + 1),
+                        before=budget,
+                        settings=settings,
+                    )
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+            calls[name] += run["seconds"]
+            failed[name] += run["failed"]
+            evicted[name] += run["evicted"]
+            pair[name] = float(np.quantile(run["seconds"], 0.99))
+            if on_done is not None:
+                on_done()
+        pairs.append(pair)
+    out: dict = {}
+    for name, seconds in calls.items():
+        p50, p99 = np.quantile(np.array(seconds), [0.5, 0.99])
+        out[name] = {"p50_us": round(p50 * 1e6, 1), "p99_us": round(p99 * 1e6, 1)}
+    ratios = [p["budget"] / p["none"] for p in pairs]
+    out.update(
+        {
+            "p99_ratio": round(out["budget"]["p99_us"] / out["none"]["p99_us"], 2),
+            "p99_ratio_spread": [round(min(ratios), 2), round(max(ratios), 2)],
+            "budget_bytes": budget,
+            "block_size": row,
+            "blocks_per_job": blocks_per_job,
+            "inflight_jobs": inflight,
+            "submits_each": len(calls["none"]),
+            "failed_jobs": failed,
+            "evicted_bytes": evicted,
+        }
+    )
+    return out
+
+
+def recency_cost(
+    root: Path, samples: int, repeat: int, settings: TierSettings = TierSettings()
+) -> dict:
     """p50 of one-block (256 KiB) loads with the tier's recency bookkeeping, and with it
     switched off (the same tier, ``record_use`` replaced by a no-op), ``samples`` loads each
     per repetition, alternating."""
     row, n = 256 << 10, 256
-    rows = np.random.default_rng(0).integers(0, 256, (JOB_BLOCKS, row), dtype=np.uint8)
     directory = root / "capacity-recency"
     directory.mkdir()
     lat: dict[str, list[float]] = {"on": [], "off": []}
     try:
-        tier = FileSystemTierManager(SPEC, rows.data, "fs", root_dir=str(directory))
-        try:
+        with _tier(directory, JOB_BLOCKS, row, settings) as tier:
             for j in range(0, n, JOB_BLOCKS):
                 keys = [_key(i) for i in range(j, j + JOB_BLOCKS)]
                 ids = np.arange(JOB_BLOCKS, dtype=np.int64)
@@ -292,8 +502,6 @@ def recency_cost(root: Path, samples: int, repeat: int) -> dict:
                             lat[name].append(time.perf_counter() - t0)
             finally:
                 capacity.record_use = real  # type: ignore[method-assign]
-        finally:
-            tier.shutdown()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     p50 = {k: statistics.median(v) * 1e6 for k, v in lat.items()}
@@ -314,6 +522,16 @@ def _no_use(paths: list[str]) -> None:
 _SPACE_MARGIN = 64 * MiB
 
 
+def check_settings(config: BenchConfig) -> None:
+    """Refuse what the capacity runs cannot honour: they measure one tier, so they cannot run
+    psync and io_uring side by side."""
+    if config.compare_io_engines:
+        raise BenchError(
+            "--max-bytes measures one tier and cannot compare io_engines: drop "
+            "--compare-io-engines, or give --io-engine psync|io_uring|auto for both sections"
+        )
+
+
 def check_room(config: BenchConfig, free_bytes: int) -> None:
     """Refuse a --max-bytes the root cannot hold twice over (the unbudgeted run keeps all
     it stores: 2 x max_bytes)."""
@@ -328,14 +546,18 @@ def check_room(config: BenchConfig, free_bytes: int) -> None:
 
 
 def run_capacity(config: BenchConfig, scratch: Path, stream: TextIO | None = None) -> dict:
-    """The capacity section of `kvtier bench --max-bytes`: steady state, then recency."""
+    """The capacity section of `kvtier bench --max-bytes`: steady state, the caller's
+    ``submit_store`` latency, then recency."""
     assert config.max_bytes is not None
     budget, repeat, rows = config.max_bytes, config.repeat, config.block_sizes
+    submit_row, submit_blocks, submit_jobs = submit_plan(config)
+    settings = TierSettings.of(config)
     progress = Progress(
-        2 * len(rows) * repeat + 1,
+        2 * len(rows) * repeat + 2 * repeat + 1,
         enabled=config.progress,
         stream=stream if stream is not None else sys.stderr,
     )
+    threads = (config.read_threads, config.write_threads)
     try:
         steady_results = steady(
             scratch,
@@ -343,25 +565,55 @@ def run_capacity(config: BenchConfig, scratch: Path, stream: TextIO | None = Non
             budget,
             2 * budget,
             repeat,
-            threads=(config.read_threads, config.write_threads),
+            threads=threads,
+            settings=settings,
+            on_run=lambda label: progress.step(f"capacity: {label}"),
+            on_done=progress.advance,
+        )
+        submit = submit_cost(
+            scratch,
+            submit_row,
+            budget,
+            submit_jobs,
+            repeat,
+            blocks_per_job=submit_blocks,
+            inflight=INFLIGHT_JOBS,
+            threads=threads,
+            settings=settings,
             on_run=lambda label: progress.step(f"capacity: {label}"),
             on_done=progress.advance,
         )
         progress.step("capacity: recency bookkeeping on load latency")
         # Single loads are quick: ten times the latency phase's samples, as many each way.
         samples = max(1, 10 * config.latency_samples // repeat)
-        recency = recency_cost(scratch, samples, repeat)
+        recency = recency_cost(scratch, samples, repeat, settings)
         progress.advance()
     finally:
         progress.close()
+    first_run = next(iter(steady_results.values()))["runs"]["full_cache"][0]
     return {
         "max_bytes": budget,
+        "tier": {**first_run["tier"], "primary": settings.primary},
         "stored_bytes_per_run": 2 * budget,
         "inflight_jobs": INFLIGHT_JOBS,
         "blocks_per_job": JOB_BLOCKS,
         "steady": steady_results,
+        "submit": submit,
         "recency": recency,
     }
+
+
+def submit_plan(config: BenchConfig) -> tuple[int, int, int]:
+    """The block size, blocks per job and number of jobs of each ``submit_store`` latency
+    run: the smallest block size, the bench's ``--blocks-per-job`` (fewer where two jobs
+    would not fit the budget, so a full cache can make room for one while the other waits),
+    and jobs for ``max_bytes``: with the ``max_bytes`` stored before them, the run without a
+    budget holds ``2 x max_bytes``, as each steady run does (check_room)."""
+    assert config.max_bytes is not None
+    row = min(config.block_sizes)
+    per_block = block_file_bytes(row)
+    blocks = max(1, min(config.blocks_per_job, config.max_bytes // 2 // per_block))
+    return row, blocks, max(1, config.max_bytes // (blocks * per_block))
 
 
 def _f(value: float | None, fmt: str) -> str:
@@ -378,6 +630,13 @@ def render_capacity(
         f"stores {format_size(capacity['stored_bytes_per_run'])} of new blocks, every store "
         "makes room) next to no budget",
     ]
+    tier = capacity.get("tier")  # absent from results saved before it was recorded
+    if tier is not None:
+        lines.append(
+            f"  tiers: io_engine {tier['io_engine']}, checksum {tier['checksum']}, io_timeout_s "
+            f"{tier['io_timeout_s']:g}, max_stores_in_flight_while_loading "
+            f"{tier['max_stores_in_flight_while_loading']}, primary memory {tier['primary']}"
+        )
     header = [
         "block",
         "no budget GB/s",
@@ -407,6 +666,9 @@ def render_capacity(
             "  store jobs refused for lack of room (ENOSPC, offered again 1 ms later), per run: "
             + "; ".join(f"{k}: {v}" for k, v in refused.items())
         )
+    submit = capacity.get("submit")  # absent from results saved before it was measured
+    if submit is not None:
+        lines.append(render_submit(submit))
     rec = capacity["recency"]
     lines.append(
         f"  recency bookkeeping on one-block load p50: {rec['load_p50_us_recency_on']:.0f} us "
@@ -414,18 +676,45 @@ def render_capacity(
         f"{rec['samples_each']} loads each)"
     )
     missed = [e["label"] for e in capacity["steady"].values() if e["ratio"] < STORE_RATIO_TARGET]
-    target = f"  target: full cache >= {STORE_RATIO_TARGET}x, recency <= {RECENCY_P50_TARGET}x: "
+    target = f"  target: full cache >= {STORE_RATIO_TARGET}x, "
+    if submit is not None:
+        target += f"submit_store p99 <= {SUBMIT_P99_TARGET}x, "
+        if submit["p99_ratio"] > SUBMIT_P99_TARGET:
+            missed.append("submit_store p99")
+    target += f"recency <= {RECENCY_P50_TARGET}x: "
     if rec["ratio"] > RECENCY_P50_TARGET:
         missed.append("recency")
     lines.append(target + ("met" if not missed else "missed (" + ", ".join(missed) + ")"))
     return lines
 
 
+def render_submit(submit: dict) -> str:
+    """The report's line for submit_cost()'s result."""
+    low, high = submit["p99_ratio_spread"]
+    failed = sum(submit["failed_jobs"].values())
+    return (
+        f"  submit_store on the caller's thread, full cache / no budget: p99 "
+        f"{submit['budget']['p99_us']:.0f} / {submit['none']['p99_us']:.0f} us "
+        f"({submit['p99_ratio']:.2f}x; runs {low:.2f}-{high:.2f}x), p50 "
+        f"{submit['budget']['p50_us']:.0f} / {submit['none']['p50_us']:.0f} us "
+        f"({submit['submits_each']} calls each, {submit['blocks_per_job']} blocks of "
+        f"{format_size(submit['block_size'])} per job, {submit['inflight_jobs']} jobs in flight"
+        + (f"; {failed} store jobs failed" if failed else "")
+        + ")"
+    )
+
+
 __all__ = [
+    "TierSettings",
     "check_room",
+    "check_settings",
     "recency_cost",
     "render_capacity",
+    "render_submit",
     "run_capacity",
     "steady",
     "store_run",
+    "submit_cost",
+    "submit_latencies",
+    "submit_plan",
 ]

@@ -230,8 +230,9 @@ def _run(config: BenchConfig, root: Path, scratch: Path, stream) -> dict:
     free = shutil.disk_usage(scratch).free
     total = plan_total(config, free, _available_memory())
     if config.max_bytes is not None:  # refused before the other phases have run
-        from kvtier.bench.capacity import check_room
+        from kvtier.bench.capacity import check_room, check_settings
 
+        check_settings(config)
         check_room(config, free)
     per_run = total // config.repeat
     per_run -= per_run % max(config.block_sizes)  # whole blocks of every size in each run
