@@ -7,7 +7,7 @@
     python bench/capacity_bench.py evict   [--root DIR] [--total 1G]
     python bench/capacity_bench.py million [--root DIR] [--files 1000000] [--budget-fraction 0.5]
     python bench/capacity_bench.py submit  [--root DIR] [--budget 64M] [--jobs 4000] [--repeat 3]
-                                           [--inflight 64] [--blocks-per-job 1]
+                                           [--inflight 64] [--blocks-per-job 1] [--threads N]
     python bench/capacity_bench.py gcpause [--root DIR] [--files 262144] [--keys 1048576]
     python bench/capacity_bench.py churn   [--root DIR] [--files 2000] [--repeat 3] [--pause 0]
 
@@ -21,7 +21,9 @@ recency: p50 latency of one-block loads with the tier's recency bookkeeping agai
          same tier with it switched off (record_use replaced by a no-op), alternating.
 submit:  p50/p99 of submit_store() calls (the caller's thread only) with a full budget
          against the same tier without one, alternating run by run; --blocks-per-job
-         blocks of 256 KiB per job (default 1), at most --inflight jobs in flight.
+         blocks of 256 KiB per job (default 1), at most --inflight jobs in flight. Both
+         runs' tiers store --budget first, untimed (since section 38; before, only the
+         budgeted run's root was filled, by another tier, and the budgeted run went first).
 steady, submit and recency are kvtier.bench.capacity, which `kvtier bench --max-bytes` runs
 too.
 gcpause: the full garbage collection a process pays (GIL held) while it keeps a survey's
@@ -352,6 +354,7 @@ def submit_latency(args: argparse.Namespace) -> dict:
             args.repeat,
             blocks_per_job=args.blocks_per_job,
             inflight=args.inflight,
+            threads=None if args.threads is None else (args.threads, args.threads),
         )
     print(json.dumps(result))
     return result
@@ -394,6 +397,12 @@ def main() -> None:
             p.add_argument("--inflight", type=int, default=64, help="store jobs in flight")
             p.add_argument(
                 "--blocks-per-job", type=int, default=1, help="blocks per store job (1 to 64)"
+            )
+            p.add_argument(
+                "--threads",
+                type=int,
+                default=None,
+                help="the tier's read and write threads (default: the tier's own)",
             )
         if name == "gcpause":
             p.add_argument("--files", type=int, default=1 << 18)

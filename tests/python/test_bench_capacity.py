@@ -123,14 +123,16 @@ def test_max_bytes_adds_a_capacity_section(tmp_path: Path) -> None:
     section = proc.stdout[proc.stdout.index("Capacity:") :].split("\n\nResults")[0]
     assert section.strip() in again.stdout
 
-    # A result saved before the submit latency was measured still renders, without it.
+    # A result saved before the submit latency and the tiers' settings were recorded still
+    # renders, without them.
     saved = json.loads(out.read_text())
-    del saved["capacity"]["submit"]
+    del saved["capacity"]["submit"], saved["capacity"]["tier"]
     out.write_text(json.dumps(saved))
     older = bench("--from-json", out)
     assert older.returncode == 0, older.stderr
     assert "Capacity: a full cache" in older.stdout
     assert "submit_store" not in older.stdout
+    assert "tiers: io_engine" not in older.stdout
 
 
 def test_the_capacity_runs_honour_the_tier_options_and_memory_layout_asked_for(
@@ -157,6 +159,15 @@ def test_the_capacity_runs_honour_the_tier_options_and_memory_layout_asked_for(
         "tiers: io_engine psync, checksum none, io_timeout_s 0, "
         "max_stores_in_flight_while_loading 3, primary memory plain"
     ) in proc.stdout
+
+
+def test_max_bytes_below_two_store_jobs_of_the_largest_block_is_refused(tmp_path: Path) -> None:
+    """A job larger than the whole budget would be refused every time it is offered: the
+    capacity runs' 8-block jobs of 2 MiB need a budget of at least two of them."""
+    sizes = ["--sizes", "64K,2M", "--total", "16M"]
+    proc = bench("--root", tmp_path, *TINY[4:], *sizes, "--max-bytes", "24MiB")
+    assert_one_line_error(proc, "--max-bytes 24 MiB is too small", "give at least 32.1 MiB")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_max_bytes_with_compare_io_engines_is_refused_before_measuring(tmp_path: Path) -> None:

@@ -129,14 +129,26 @@ def _collect(tier: FileSystemTierManager, sizes: dict[int, int]) -> tuple[int, i
 
 
 def _store_before(tier: FileSystemTierManager, row: int, nbytes: int, first: int) -> None:
-    """Store ``nbytes`` worth of blocks (keys below ``first``) and wait for them."""
+    """Store ``nbytes`` worth of blocks (keys below ``first``), INFLIGHT_JOBS jobs at a time
+    (more at once would overrun the tier's store queue, which drops what does not fit), and
+    wait for them; BenchError if any failed (the run would not start from the cache it
+    measures)."""
     fill = nbytes // block_file_bytes(row)
+    failed: list[str] = []
     for j in range(0, fill, JOB_BLOCKS):
         keys = [_key(first - 1 - i) for i in range(j, min(fill, j + JOB_BLOCKS))]
         ids = np.arange(len(keys), dtype=np.int64) % _ROWS
         tier.submit_store(JobMetadata(j, keys, ids, False, _CTX))
+        if j // JOB_BLOCKS % INFLIGHT_JOBS == INFLIGHT_JOBS - 1:
+            tier.drain_jobs()
+            failed += [str(r.error) for r in tier.get_finished() if not r.success]
     tier.drain_jobs()
-    tier.get_finished()
+    failed += [str(r.error) for r in tier.get_finished() if not r.success]
+    if failed:
+        raise BenchError(
+            f"storing the blocks a capacity run starts from failed ({len(failed)} jobs): "
+            f"{failed[0]}"
+        )
 
 
 def _fill(tier: FileSystemTierManager, row: int, budget: int, first: int) -> None:
@@ -327,7 +339,7 @@ def submit_latencies(
     *,
     blocks_per_job: int,
     inflight: int,
-    threads: tuple[int, int] = (16, 16),
+    threads: tuple[int, int] | None = None,
     first: int = 10**9,
     before: int = 0,
     settings: TierSettings = TierSettings(),
@@ -337,10 +349,14 @@ def submit_latencies(
     jobs that ``failed``; the bytes the tier ``evicted`` while they ran. With a ``budget`` the
     cache is filled to it first, so every store makes room; without one, ``before`` bytes are
     stored first (keys below ``first``, the timed blocks' from it on). A failed store is timed
-    like any other (its submit returned before anyone knew), and counted."""
+    like any other (its submit returned before anyone knew), and counted. ``threads``: the
+    tier's read and write threads (None: the tier's own default)."""
     slots = max(_ROWS, blocks_per_job)
     seconds: list[float] = []
     failed = pending = 0
+    workers = (
+        {} if threads is None else {"n_read_threads": threads[0], "n_write_threads": threads[1]}
+    )
     with _tier(
         root,
         slots,
@@ -348,9 +364,8 @@ def submit_latencies(
         settings,
         max_bytes=budget,
         min_free_fraction=0,
-        n_read_threads=threads[0],
-        n_write_threads=threads[1],
         max_queued_store_jobs=max(1024, 4 * inflight),
+        **workers,
     ) as tier:
 
         def collect() -> None:
@@ -397,7 +412,7 @@ def submit_cost(
     *,
     blocks_per_job: int,
     inflight: int,
-    threads: tuple[int, int] = (16, 16),
+    threads: tuple[int, int] | None = None,
     settings: TierSettings = TierSettings(),
     on_run: Callable[[str], None] | None = None,
     on_done: Callable[[], None] | None = None,
@@ -524,19 +539,31 @@ _SPACE_MARGIN = 64 * MiB
 
 def check_settings(config: BenchConfig) -> None:
     """Refuse what the capacity runs cannot honour: they measure one tier, so they cannot run
-    psync and io_uring side by side."""
+    psync and io_uring side by side; and a budget must hold two of their store jobs of the
+    largest block size (a full cache makes room for one while the other waits: a job larger
+    than the whole budget is refused every time it is offered)."""
+    assert config.max_bytes is not None
     if config.compare_io_engines:
         raise BenchError(
             "--max-bytes measures one tier and cannot compare io_engines: drop "
             "--compare-io-engines, or give --io-engine psync|io_uring|auto for both sections"
         )
+    largest = max(config.block_sizes)
+    job = JOB_BLOCKS * block_file_bytes(largest)
+    if config.max_bytes < 2 * job:
+        raise BenchError(
+            f"--max-bytes {format_size(config.max_bytes)} is too small for the capacity runs' "
+            f"store jobs of {JOB_BLOCKS} blocks of {format_size(largest)} "
+            f"({format_size(job)} each, with their headers): give at least {format_size(2 * job)}"
+        )
 
 
 def check_room(config: BenchConfig, free_bytes: int) -> None:
     """Refuse a --max-bytes the root cannot hold twice over (the unbudgeted run keeps all
-    it stores: 2 x max_bytes)."""
+    it stores: 2 x max_bytes of payload, in files that each add a header)."""
     assert config.max_bytes is not None
-    need = 2 * config.max_bytes + _SPACE_MARGIN
+    per_payload = max(block_file_bytes(row) / row for row in config.block_sizes)
+    need = int(2 * config.max_bytes * per_payload) + _SPACE_MARGIN
     if need > free_bytes:
         raise BenchError(
             f"--max-bytes {format_size(config.max_bytes)} needs {format_size(need)} free on "
@@ -608,7 +635,7 @@ def submit_plan(config: BenchConfig) -> tuple[int, int, int]:
     run: the smallest block size, the bench's ``--blocks-per-job`` (fewer where two jobs
     would not fit the budget, so a full cache can make room for one while the other waits),
     and jobs for ``max_bytes``: with the ``max_bytes`` stored before them, the run without a
-    budget holds ``2 x max_bytes``, as each steady run does (check_room)."""
+    budget holds ``2 x max_bytes`` of files, within what check_room asks for."""
     assert config.max_bytes is not None
     row = min(config.block_sizes)
     per_block = block_file_bytes(row)

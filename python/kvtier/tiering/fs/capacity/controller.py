@@ -870,7 +870,8 @@ class CapacityController:
                 # Another process (or gc) is at it; no repeated work. Nor a request for
                 # another pass at once (_serve): the ticks, every WAIT_POLL_SECONDS while
                 # stores wait, look again, instead of this thread spinning on the lock.
-                self._fruitless = True
+                with self._lock:
+                    self._fruitless = True
                 return
             self.recency.flush()
             with self._lock:
@@ -889,7 +890,8 @@ class CapacityController:
             if not need and not due:
                 # Nothing to evict: stores that wait are waiting for a top-up or for others
                 # to give budget back, which the ticks look for.
-                self._fruitless = True
+                with self._lock:
+                    self._fruitless = True
                 return
             # The last scan's candidates serve until they run out, then the blocks this
             # instance stored since (_refill_from_stores), then the pass scans again (below):
@@ -944,7 +946,8 @@ class CapacityController:
                 self._pass_seconds = time.monotonic() - started
                 # Everything there is in use or being stored: asking again at once would only
                 # rescan; the next tick (or a store that waits) tries again.
-                self._fruitless = freed == 0
+                with self._lock:
+                    self._fruitless = freed == 0
             self._observe(os.statvfs(self.root))
 
     def _racers(
