@@ -74,6 +74,15 @@ def settled(tier: FileSystemTierManager):
     return lambda: tier._capacity.wait_idle(WAIT_SECONDS)
 
 
+def passed(tier: FileSystemTierManager):
+    """A condition: a pass has looked at the budget since now, and the thread is idle. The
+    last stores can leave the count above the high mark with no pass asked for (kept files
+    and the reservation shift with each store); the next tick would then evict, up to a
+    second later. This asks for that pass now and waits for it."""
+    tier._capacity.request_eviction()
+    return settled(tier)
+
+
 def ledger(root: Path) -> LedgerState:
     return UsageLedger(str(root)).read()
 
@@ -381,7 +390,7 @@ def test_one_scan_serves_later_passes_in_lru_order(tmp_path):
     try:
         store(0, 1200)
         wait_for(lambda: tier.stats()["evicted_blocks"] > 0, "a first eviction pass")
-        wait_for(settled(tier), "the pass to finish")
+        wait_for(passed(tier), "the passes to finish")
         names = present()
         survivors = [i for i in range(1200) if f"{key(i).hex()}.kvb" in names]
         used, cold = survivors[:4], survivors[4:40]
