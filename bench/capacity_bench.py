@@ -12,10 +12,11 @@
     python bench/capacity_bench.py churn   [--root DIR] [--files 2000] [--repeat 3] [--pause 0]
 
 steady:  store throughput with a full cache (every store makes room) against the same run
-         without a budget, at 256 KiB and 2 MiB blocks, alternating run by run; CPU per GiB
-         evicted = thread CPU of the tier's eviction passes / GiB they evicted. Each run has a
-         fresh root; --leaf-dirs gives it the 65,536 leaf directories a cache that has run a
-         while has (every walk of the root passes them).
+         without a budget (which stores --budget first, untimed, and keeps it: as warm, as
+         many files; since section 39), at 256 KiB and 2 MiB blocks, alternating run by run;
+         CPU per GiB evicted = thread CPU of the tier's eviction passes / GiB they evicted.
+         Each run has a fresh root; --leaf-dirs gives it the 65,536 leaf directories a cache
+         that has run a while has (every walk of the root passes them).
 evict:   process CPU and wall seconds per GiB to survey and evict real block files.
 recency: p50 latency of one-block loads with the tier's recency bookkeeping against the
          same tier with it switched off (record_use replaced by a no-op), alternating.

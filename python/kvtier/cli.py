@@ -301,7 +301,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help='also measure a full cache of this budget ("512M", "2GB"): stores of 2 x SIZE '
         "into it (each one makes room) next to the same stores without a budget, eviction CPU "
         "per GiB, submit_store p99 with the budget and without, and recency bookkeeping on "
-        f"load latency; needs 2 x SIZE free ({SIZE_UNITS_HELP})",
+        f"load latency; needs 3 x SIZE free ({SIZE_UNITS_HELP})",
     )
     bench.add_argument(
         "--json",

@@ -65,6 +65,35 @@ def test_max_bytes_the_root_cannot_hold_twice_is_refused_before_measuring(
     assert "Throughput" not in proc.stdout  # nothing was measured
 
 
+def test_the_root_must_hold_three_budgets_for_the_unbudgeted_steady_run() -> None:
+    """That run keeps the budget it stores before the timing and the 2 x max_bytes timed."""
+    from types import SimpleNamespace
+
+    from kvtier.bench.capacity import _SPACE_MARGIN, check_room
+    from kvtier.bench.errors import BenchError
+    from kvtier.tiering.fs.capacity.sizes import block_file_bytes
+
+    row, budget = 64 << 10, 48 << 20
+    config = SimpleNamespace(max_bytes=budget, block_sizes=(row,))
+    files = 3 * budget // row * block_file_bytes(row)  # three budgets of block files
+    check_room(config, files + _SPACE_MARGIN)
+    with pytest.raises(BenchError, match="three times the budget"):
+        check_room(config, files + _SPACE_MARGIN - (1 << 20))
+
+
+def test_the_unbudgeted_steady_run_stores_its_warm_up_before_the_timing(tmp_path: Path) -> None:
+    """store_run without a budget stores ``before`` bytes untimed and keeps them: the timed
+    figures count only the new blocks, and the root holds both."""
+    from kvtier.bench.capacity import store_run
+    from kvtier.tiering.fs.capacity.sizes import block_file_bytes
+
+    before = 8 * block_file_bytes(64 << 10)  # eight block files, headers included
+    out = store_run(tmp_path, 64 << 10, 1 << 20, None, 10**6, threads=(1, 1), before=before)
+    assert out["refused_jobs"] == 0
+    assert out["stored_blocks"] == 16  # 1 MiB of 64 KiB blocks: the timed part only
+    assert sum(1 for _ in tmp_path.rglob("*.kvb")) == 16 + 8
+
+
 def test_max_bytes_adds_a_capacity_section(tmp_path: Path) -> None:
     root = tmp_path / "root"
     root.mkdir()

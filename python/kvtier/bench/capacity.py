@@ -6,10 +6,13 @@ Steady state: before the measured part the cache is filled to its budget and the
 brought it under its high watermark; then ``2 x max_bytes`` of new blocks are stored (at most
 ``inflight`` jobs in flight), so every store makes room. A store refused for lack of budget
 (ENOSPC, the designed back-pressure) is offered again 1 ms later, as an engine offers new
-blocks; GB/s counts stored bytes only. The run without a budget stores the same blocks, and
-the two alternate run by run. Eviction CPU is the thread CPU time of the tier's eviction
-passes (scans, ledger, unlinks) per GiB evicted. Both runs set ``min_free_fraction=0``, so a
-nearly full file system does not turn the unbudgeted run into a budgeted one.
+blocks; GB/s counts stored bytes only. The run without a budget stores ``max_bytes`` first
+too, untimed, and keeps it: its tier is as warm (workers started, buffers allocated, the
+namespace's first directory level made) and its root holds as many files when the timing
+starts. Then it stores the same new blocks, and the two alternate run by run. Eviction CPU
+is the thread CPU time of the tier's eviction passes (scans, ledger, unlinks) per GiB
+evicted. Both runs set ``min_free_fraction=0``, so a nearly full file system does not turn
+the unbudgeted run into a budgeted one.
 
 Submit: the caller's time in ``submit_store`` alone (the stores run on the tier's workers),
 with a full budget (every store makes room) against the same stores without one, alternating
@@ -180,11 +183,14 @@ def store_run(
     threads: tuple[int, int] = (16, 16),
     leaf_dirs: bool = False,
     settings: TierSettings = TierSettings(),
+    before: int = 0,
 ) -> dict:
     """Store ``total`` bytes of new ``row``-byte blocks into a tier on ``root``; with a
-    ``budget``, into a cache filled to it first. Keys start at ``first``. With
-    ``leaf_dirs``, the namespace's 65,536 leaf directories (docs/FORMAT.md) are made first,
-    as a cache that has run a while has them: every walk of the root passes them."""
+    ``budget``, into a cache filled to it first; without one, after ``before`` bytes stored
+    untimed (keys below ``first``) and kept, so that the tier is as warm as a budgeted one.
+    Keys start at ``first``. With ``leaf_dirs``, the namespace's 65,536 leaf directories
+    (docs/FORMAT.md) are made first, as a cache that has run a while has them: every walk of
+    the root passes them."""
     with _tier(
         root,
         _ROWS,
@@ -200,9 +206,11 @@ def store_run(
             _make_leaf_dirs(Path(tier.file_mapper.rank_dir))
         if budget is not None:
             _fill(tier, row, budget, first)
+        else:
+            _store_before(tier, row, before, first)
         capacity = tier._capacity  # bench only: the CPU its eviction passes took
-        before = tier.stats()
-        evicted0, evict_cpu0 = before["evicted_bytes"], capacity.eviction_cpu_seconds
+        at_start = tier.stats()
+        evicted0, evict_cpu0 = at_start["evicted_bytes"], capacity.eviction_cpu_seconds
         cpu0, t0 = time.process_time(), time.perf_counter()
         sizes: dict[int, int] = {}
         failed = stored = j = 0
@@ -240,7 +248,7 @@ def store_run(
             "eviction_cpu_s": evict_cpu,
             "eviction_cpu_s_per_gib": evict_cpu / (evicted / GiB) if evicted else None,
             # Evicted files the stores overwrote instead of new ones (docs/tiers.md).
-            "recycled_blocks": stats["recycled_blocks"] - before["recycled_blocks"],
+            "recycled_blocks": stats["recycled_blocks"] - at_start["recycled_blocks"],
             "stored_blocks": stored // row,
             "used_bytes": stats["used_bytes"],
             "tier": _ran(tier),
@@ -273,8 +281,9 @@ def steady(
     on_done: Callable[[], None] | None = None,
 ) -> dict:
     """Full cache next to no budget, per block size, ``repeat`` pairs of runs alternating
-    (which goes first alternates too). The ratio is the median of the pairs' ratios.
-    ``leaf_dirs``: as store_run, for both runs of each pair."""
+    (which goes first alternates too). The ratio is the median of the pairs' ratios. The run
+    without a budget stores ``budget`` bytes first, untimed (store_run's ``before``): its root
+    holds ``budget + total``. ``leaf_dirs``: as store_run, for both runs of each pair."""
     out: dict = {}
     for row in rows:
         runs: dict[str, list[dict]] = {"no_budget": [], "full_cache": []}
@@ -298,6 +307,7 @@ def steady(
                                 threads=threads,
                                 leaf_dirs=leaf_dirs,
                                 settings=settings,
+                                before=budget,
                             )
                         )
                 finally:
@@ -535,6 +545,9 @@ def _no_use(paths: list[str]) -> None:
 
 #: Room left on the file system beyond the unbudgeted run's files.
 _SPACE_MARGIN = 64 * MiB
+#: What the unbudgeted steady run's root holds at its end, in budgets: the budget stored
+#: before the timing and the 2 x max_bytes timed.
+_UNBUDGETED_HOLDS = 3
 
 
 def check_settings(config: BenchConfig) -> None:
@@ -559,15 +572,16 @@ def check_settings(config: BenchConfig) -> None:
 
 
 def check_room(config: BenchConfig, free_bytes: int) -> None:
-    """Refuse a --max-bytes the root cannot hold twice over (the unbudgeted run keeps all
-    it stores: 2 x max_bytes of payload, in files that each add a header)."""
+    """Refuse a --max-bytes the root cannot hold three times over (the unbudgeted steady run
+    keeps all it stores: max_bytes before the timing, then 2 x max_bytes, in files that each
+    add a header)."""
     assert config.max_bytes is not None
     per_payload = max(block_file_bytes(row) / row for row in config.block_sizes)
-    need = int(2 * config.max_bytes * per_payload) + _SPACE_MARGIN
+    need = int(_UNBUDGETED_HOLDS * config.max_bytes * per_payload) + _SPACE_MARGIN
     if need > free_bytes:
         raise BenchError(
             f"--max-bytes {format_size(config.max_bytes)} needs {format_size(need)} free on "
-            f"the root file system (the run without a budget stores twice the budget), "
+            f"the root file system (the run without a budget stores three times the budget), "
             f"{format_size(free_bytes)} are free; choose a smaller --max-bytes"
         )
 
@@ -635,7 +649,8 @@ def submit_plan(config: BenchConfig) -> tuple[int, int, int]:
     run: the smallest block size, the bench's ``--blocks-per-job`` (fewer where two jobs
     would not fit the budget, so a full cache can make room for one while the other waits),
     and jobs for ``max_bytes``: with the ``max_bytes`` stored before them, the run without a
-    budget holds ``2 x max_bytes`` of files, within what check_room asks for."""
+    budget holds ``2 x max_bytes`` of files, within what check_room asks for (the steady
+    run without one holds three)."""
     assert config.max_bytes is not None
     row = min(config.block_sizes)
     per_block = block_file_bytes(row)
