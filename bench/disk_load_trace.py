@@ -5,9 +5,10 @@ Stores ``--blocks`` blocks of ``--size`` through each tier given with ``--tier``
 `fs` tier on either I/O engine, vLLM's `fs` tier on whatever I/O path it has), then loads
 them back in jobs of ``--blocks-per-job``, all jobs submitted at once and polled, and
 prints load GB/s per tier: the median of ``--repeat`` runs with its min-max, the tiers
-alternating within each run (the order rotates from run to run). Each run stores fresh
-files into a fresh directory, so each tier reads blocks it has just written, as in
-``kvtier bench``.
+alternating within each run (the order rotates from run to run), then each tier's ratios to
+the last tier given, run by run (the disk drifts between runs more than within one). Each run
+stores fresh files into a fresh directory, so each tier reads blocks it has just written, as
+in ``kvtier bench``.
 
     python bench/disk_load_trace.py --root DIR [--size 2M] [--blocks 128] [--threads 4]
         [--blocks-per-job 16] [--repeat 5] [--tier SPEC ...] [--trace] [--strace DIR]
@@ -480,6 +481,21 @@ def summary_line(label: str, runs: list[dict]) -> str:
     )
 
 
+def paired_line(label: str, runs: list[dict], peer: list[dict]) -> str:
+    """Each run's ratio to the peer's run of the same repetition (the tiers alternate within
+    a repetition, so the disk's drift between repetitions cancels): median (min-max), and
+    in how many runs the ratio was above 1.0."""
+    parts = []
+    for what in ("load", "store"):
+        ratios = [r[f"{what}_gbps"] / p[f"{what}_gbps"] for r, p in zip(runs, peer)]
+        above = sum(x > 1.0 for x in ratios)
+        parts.append(
+            f"{what} {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}, "
+            f"above 1.0 in {above}/{len(ratios)})"
+        )
+    return f"{label:<22} " + "   ".join(parts)
+
+
 def trace_line(run: dict) -> str:
     t = run["trace"]
     dm, dd = t["depth_mine"], t["depth_disk"]
@@ -596,6 +612,11 @@ def main(argv: list[str] | None = None) -> int:
     print("medians (min-max):")
     for spec in specs:
         print("  " + summary_line(spec.label, runs[spec.label]))
+    peer = specs[-1].label
+    if len(specs) > 1:
+        print(f"each run against {peer}'s run of the same repetition:")
+        for spec in specs[:-1]:
+            print("  " + paired_line(spec.label, runs[spec.label], runs[peer]))
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -69,3 +69,13 @@ def test_tier_specs(trace_module):
     assert spec.env == {"KVTIER_X": "1"}
     with pytest.raises(trace_module.BenchError):
         trace_module.parse_tier("kv=lmcache")
+
+
+def test_paired_ratios_take_each_run_against_the_peers_run_of_the_same_repetition(trace_module):
+    """The run-by-run ratio, not the ratio of the medians: repetition 0 is slow for both."""
+    mine = [{"load_gbps": 1.0, "store_gbps": 2.0}, {"load_gbps": 3.0, "store_gbps": 2.0}]
+    peer = [{"load_gbps": 2.0, "store_gbps": 1.0}, {"load_gbps": 2.0, "store_gbps": 4.0}]
+    line = trace_module.paired_line("k", mine, peer)
+    assert line.startswith("k ")
+    assert "load 1.00x (0.50-1.50, above 1.0 in 1/2)" in line
+    assert "store 1.25x (0.50-2.00, above 1.0 in 1/2)" in line
