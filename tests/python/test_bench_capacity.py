@@ -56,7 +56,7 @@ def test_bad_max_bytes_is_a_one_line_error(tmp_path: Path, value: str, fragment:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_max_bytes_the_root_cannot_hold_twice_is_refused_before_measuring(
+def test_max_bytes_the_root_cannot_hold_three_times_is_refused_before_measuring(
     tmp_path: Path,
 ) -> None:
     proc = bench("--root", tmp_path, *TINY, "--max-bytes", "1PiB")

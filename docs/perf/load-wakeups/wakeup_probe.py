@@ -131,7 +131,8 @@ def one(label: str, tier: str, primary: PrimaryMemory, root: Path, rep: int) -> 
     spec = dlt.parse_tier(f"{label}={tier}")
     directory = Path(tempfile.mkdtemp(dir=root))
     driver = dlt.make_driver(spec, directory, primary, 4)
-    data = Path(tempfile.mkdtemp()) / "perf.data"
+    # perf's own file in memory: written to the measured disk, it would share the device.
+    data = Path(tempfile.mkdtemp(dir="/dev/shm")) / "perf.data"
     try:
         n = primary.n_blocks
         keys = block_keys(f"{label}-{rep}".encode(), 0, n)
@@ -142,9 +143,12 @@ def one(label: str, tier: str, primary: PrimaryMemory, root: Path, rep: int) -> 
         wait_for(driver, {j.job_id for j in stores}, "store")
         perf = subprocess.Popen(
             ["perf", "record", "-q", "-a", "-e", EVENTS, "-o", str(data)],
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         time.sleep(1.0)  # perf is recording
+        if perf.poll() is not None:
+            raise SystemExit(f"wakeup_probe: perf record failed: {perf.stderr.read().strip()}")
         loads = make_jobs(ids.take(n), keys, range(n), 16)
         began = time.perf_counter()
         for job in loads:
@@ -153,15 +157,15 @@ def one(label: str, tier: str, primary: PrimaryMemory, root: Path, rep: int) -> 
         gbps = n * primary.block_size / (time.perf_counter() - began) / 1e9
         time.sleep(0.1)
         perf.send_signal(signal.SIGINT)
-        perf.wait()
+        perf.communicate()
+        script = subprocess.run(
+            ["perf", "script", "-i", str(data), "-F", "comm,tid,cpu,time,event,trace"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
     finally:
         driver.close()
         shutil.rmtree(directory, ignore_errors=True)
-    script = subprocess.run(
-        ["perf", "script", "-i", str(data), "-F", "comm,tid,cpu,time,event,trace"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    shutil.rmtree(data.parent, ignore_errors=True)
+        shutil.rmtree(data.parent, ignore_errors=True)
     stages, behind = analyse(script)
     print(f"{label} run {rep}: load {gbps:.2f} GB/s (under perf)")
     for name in sorted(stages):
