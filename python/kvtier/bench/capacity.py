@@ -545,9 +545,11 @@ def _no_use(paths: list[str]) -> None:
 
 #: Room left on the file system beyond the unbudgeted run's files.
 _SPACE_MARGIN = 64 * MiB
+#: What each steady run stores while it is timed, in budgets.
+_STEADY_STORED_BUDGETS = 2
 #: What the unbudgeted steady run's root holds at its end, in budgets: the budget stored
-#: before the timing and the 2 x max_bytes timed.
-_UNBUDGETED_HOLDS = 3
+#: before the timing and what it stores timed.
+_UNBUDGETED_HOLDS = 1 + _STEADY_STORED_BUDGETS
 
 
 def check_settings(config: BenchConfig) -> None:
@@ -604,7 +606,7 @@ def run_capacity(config: BenchConfig, scratch: Path, stream: TextIO | None = Non
             scratch,
             rows,
             budget,
-            2 * budget,
+            _STEADY_STORED_BUDGETS * budget,
             repeat,
             threads=threads,
             settings=settings,
@@ -635,7 +637,7 @@ def run_capacity(config: BenchConfig, scratch: Path, stream: TextIO | None = Non
     return {
         "max_bytes": budget,
         "tier": {**first_run["tier"], "primary": settings.primary},
-        "stored_bytes_per_run": 2 * budget,
+        "stored_bytes_per_run": _STEADY_STORED_BUDGETS * budget,
         "inflight_jobs": INFLIGHT_JOBS,
         "blocks_per_job": JOB_BLOCKS,
         "steady": steady_results,
